@@ -1,0 +1,35 @@
+# Two commands a newcomer needs: `make demo` and `make test`.
+# DATABASE_URL picks the database (default: SQLite file in the checkout); a mysql:// URL
+# also installs the MySQL driver (mysqlclient, which compiles against the client headers).
+VENV   ?= .venv
+PYTHON ?= python3
+PY     := $(VENV)/bin/python
+USES_MYSQL := $(findstring mysql,$(firstword $(subst :, ,$(DATABASE_URL))))
+
+.PHONY: venv demo test bench clean
+
+$(VENV)/.installed: requirements.txt pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements.txt
+	$(PY) -m pip install -q --no-deps -e .
+	touch $@
+
+$(VENV)/.mysql: $(VENV)/.installed requirements-mysql.txt
+	$(PY) -m pip install -q -r requirements-mysql.txt
+	touch $@
+
+venv: $(VENV)/.installed $(if $(USES_MYSQL),$(VENV)/.mysql)
+
+demo: venv
+	$(PY) manage.py migrate --noinput -v0
+	$(PY) manage.py leases_demo
+
+test: venv
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+bench: venv
+	$(PY) bench/leases.py
+
+clean:
+	rm -rf $(VENV) db.sqlite3* test_db.sqlite3*

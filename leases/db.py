@@ -1,0 +1,140 @@
+"""Everything that differs between database vendors, in one place.
+
+The engine writes its statements once with a few placeholders taken from a `Dialect`:
+the server clock (`now`), the server clock plus some seconds (`later`, one parameter),
+and random order. Expiry is always computed inside the statement by the server, never
+by the client, so a client with a wrong clock can neither steal nor lose a lease.
+
+`run()` wraps one short unit of work: it retries deadlocks, lock-wait timeouts and
+SQLite's "database is locked" with jittered backoff, and reopens a dropped connection.
+"""
+from __future__ import annotations
+
+import logging
+import random
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, Callable, TypeVar
+
+from django.conf import settings
+from django.db import OperationalError, connections
+from django.db.backends.base.base import BaseDatabaseWrapper
+
+log = logging.getLogger("leases.db")
+
+T = TypeVar("T")
+
+# MySQL/MariaDB error numbers (first element of the driver's exception args).
+_RETRY_CODES = {1205, 1213}  # lock wait timeout, deadlock
+_RECONNECT_CODES = {2006, 2013, 2055, 4031}  # server gone, lost connection, idle disconnect
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """SQL fragments for one vendor. `later` takes one parameter built by `seconds()`."""
+
+    vendor: str
+    now: str
+    later: str
+    random: str
+    seconds: Callable[[float], Any]
+
+
+_MYSQL = Dialect(
+    vendor="mysql",
+    # UTC_TIMESTAMP ignores the session time zone; Django stores UTC in DATETIME(6).
+    now="UTC_TIMESTAMP(6)",
+    later="(UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND)",
+    random="RAND()",
+    seconds=lambda s: int(round(s * 1_000_000)),
+)
+
+_SQLITE = Dialect(
+    vendor="sqlite",
+    # Same text layout as Django's stored datetimes ('YYYY-MM-DD HH:MM:SS.ffffff'), so
+    # comparisons between columns and the clock are plain string comparisons.
+    now="strftime('%%Y-%%m-%%d %%H:%%M:%%f000', 'now')",
+    later="strftime('%%Y-%%m-%%d %%H:%%M:%%f000', 'now', %s)",
+    random="RANDOM()",
+    seconds=lambda s: f"{s:+.3f} seconds",
+)
+
+_DIALECTS = {"mysql": _MYSQL, "sqlite": _SQLITE}
+
+
+def alias(using: str | None = None) -> str:
+    """The database alias the engine works on: `using`, else settings.LEASES_DATABASE."""
+    return using or getattr(settings, "LEASES_DATABASE", "default")
+
+
+def dialect(connection: BaseDatabaseWrapper) -> Dialect:
+    try:
+        return _DIALECTS[connection.vendor]
+    except KeyError:
+        raise NotImplementedError(
+            f"django-leases supports MySQL/MariaDB and SQLite, not {connection.vendor!r}"
+        ) from None
+
+
+def supported(vendor: str) -> bool:
+    return vendor in _DIALECTS
+
+
+def to_datetime(value: Any) -> datetime:
+    """A naive UTC value read back from a raw cursor, as an aware datetime."""
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value)
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=timezone.utc)
+    return value
+
+
+def _kind(exc: OperationalError) -> str | None:
+    code = exc.args[0] if exc.args else None
+    if code in _RETRY_CODES:
+        return "retry"
+    if code in _RECONNECT_CODES:
+        return "reconnect"
+    if "database is locked" in str(exc) or "database table is locked" in str(exc):
+        return "retry"
+    return None
+
+
+def backoff(attempt: int, base: float = 0.02, cap: float = 1.0) -> float:
+    """Full-jitter exponential backoff: a random pause in [0, min(cap, base * 2**attempt))."""
+    return random.uniform(0, min(cap, base * (2**attempt)))
+
+
+def run(
+    work: Callable[[Any, bool], T],
+    using: str | None = None,
+    attempts: int = 8,
+) -> T:
+    """Run `work(cursor, resumed)` and retry it on transient errors.
+
+    `resumed` is true when an earlier attempt died with the connection, so its outcome is
+    unknown: the statement may have committed. Work that is not idempotent checks first.
+    Inside a caller's transaction nothing is retried: the transaction is already lost.
+    """
+    connection = connections[alias(using)]
+    resumed = False
+    for attempt in range(attempts):
+        try:
+            with connection.cursor() as cursor:
+                return work(cursor, resumed)
+        except OperationalError as exc:
+            kind = _kind(exc)
+            if kind is None or connection.in_atomic_block or attempt == attempts - 1:
+                raise
+            log.info("transient database error (%s), attempt %d: %s", kind, attempt + 1, exc)
+            if kind == "reconnect":
+                connection.close()
+                resumed = True
+            time.sleep(backoff(attempt))
+    raise AssertionError("unreachable")
+
+
+def table(model: Any, connection: BaseDatabaseWrapper) -> str:
+    """The model's table name, quoted for this connection (identifiers, never values)."""
+    return connection.ops.quote_name(model._meta.db_table)

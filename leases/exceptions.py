@@ -1,0 +1,21 @@
+"""Errors raised by the lease engine."""
+
+
+class LeaseError(Exception):
+    """Base class of every django-leases error."""
+
+
+class LeaseLost(LeaseError):
+    """The lease expired or passed to another holder; the resource is no longer yours."""
+
+
+class NoResourceAvailable(LeaseError):
+    """Every resource of the pool stayed held or quarantined for as long as we waited."""
+
+
+class UnknownPool(LeaseError, LookupError):
+    """The pool has no resources at all, so waiting for one would never end."""
+
+
+class UnknownResource(LeaseError, LookupError):
+    """No resource of that name in that pool."""

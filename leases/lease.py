@@ -1,0 +1,183 @@
+"""A held lease: renew it, release it, know how long it is still yours."""
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import socket
+import threading
+import time
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import DatabaseError, connections
+
+from . import db
+from .exceptions import LeaseLost
+from .models import HOLDER_LENGTH
+from .sql import statements
+
+log = logging.getLogger("leases")
+
+_SUFFIX_LENGTH = 9  # ":" + 8 hex digits
+
+
+def make_holder(holder: str | None = None) -> str:
+    """A holder string unique to one acquisition: `holder` (default host:pid) + ':random'.
+
+    The random part makes the stored holder a per-acquisition token, so after a dropped
+    connection the client can look its own claim up and know whether it committed.
+    """
+    if holder is None:
+        holder = f"{socket.gethostname()}:{os.getpid()}"
+    elif not isinstance(holder, str) or not holder.strip():
+        raise ValueError("holder must be a non-empty string")
+    if len(holder) > HOLDER_LENGTH - _SUFFIX_LENGTH:
+        raise ValueError(f"holder is longer than {HOLDER_LENGTH - _SUFFIX_LENGTH} characters")
+    return f"{holder}:{secrets.token_hex(4)}"
+
+
+def check_ttl(ttl: Any, what: str = "ttl") -> float:
+    if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not ttl > 0:
+        raise ValueError(f"{what} must be a number of seconds > 0, not {ttl!r}")
+    return float(ttl)
+
+
+class Lease:
+    """Exclusive use of one resource until `expires_at`, proven by `token`.
+
+    `token` is the fencing token: it grows with every acquisition of the resource, so a
+    system that remembers the highest token it has seen can refuse a stale holder.
+    `expires_at` and `remaining()` are a conservative estimate from the database clock
+    read at acquisition plus the local monotonic clock; the server may keep the lease a
+    little longer, never shorter.
+    """
+
+    def __init__(
+        self,
+        *,
+        pool: str,
+        id: int,
+        name: str,
+        resource: Any,
+        token: int,
+        holder: str,
+        ttl: float,
+        sent_at: float,
+        db_anchor: datetime,
+        mono_anchor: float,
+        using: str,
+    ) -> None:
+        self.pool = pool
+        self.id = id
+        self.name = name
+        self.resource = resource
+        self.token = token
+        self.holder = holder
+        self.ttl = ttl
+        self.using = using
+        self.lost = False
+        self.released = False
+        self._deadline = sent_at + ttl
+        self._db_anchor = db_anchor
+        self._mono_anchor = mono_anchor
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        state = "lost" if self.lost else "released" if self.released else "held"
+        return f"<Lease {self.pool}/{self.name} token={self.token} {state}>"
+
+    @property
+    def expires_at(self) -> datetime:
+        return self._db_anchor + timedelta(seconds=self._deadline - self._mono_anchor)
+
+    def remaining(self) -> float:
+        """Seconds the lease is surely still ours (0 once lost or released)."""
+        if self.lost or self.released:
+            return 0.0
+        return max(0.0, self._deadline - time.monotonic())
+
+    def check(self) -> None:
+        """Raise LeaseLost unless the lease is surely still held: call it between steps."""
+        if self.remaining() <= 0:
+            raise LeaseLost(f"lease on {self.pool}/{self.name} (token {self.token}) is no longer held")
+
+    def renew(self, ttl: float | None = None) -> None:
+        """Extend the lease to `ttl` seconds from now (server clock); LeaseLost if it is gone."""
+        ttl = self.ttl if ttl is None else check_ttl(ttl)
+        with self._lock:
+            if self.lost or self.released:
+                raise LeaseLost(f"lease on {self.pool}/{self.name} (token {self.token}) is not held")
+            sent_at = time.monotonic()
+
+            def work(cursor: Any, resumed: bool) -> bool:
+                st = statements(cursor.db)
+                cursor.execute(st.renew, (db.dialect(cursor.db).seconds(ttl), self.id, self.token, self.holder))
+                return cursor.rowcount == 1
+
+            if not db.run(work, self.using):
+                self.lost = True
+                raise LeaseLost(
+                    f"lease on {self.pool}/{self.name} (token {self.token}) expired or passed to another holder"
+                )
+            self.ttl = ttl
+            self._deadline = sent_at + ttl
+
+    def release(self) -> bool:
+        """Free the resource now. False when it was no longer ours (nothing else is touched)."""
+        with self._lock:
+            if self.released:
+                return False
+            self.released = True
+            if self.lost:
+                return False
+
+            def work(cursor: Any, resumed: bool) -> bool:
+                cursor.execute(statements(cursor.db).release, (self.id, self.token, self.holder))
+                return cursor.rowcount == 1
+
+            return db.run(work, self.using)
+
+    def _mark_lost(self) -> None:
+        with self._lock:
+            self.lost = True
+
+
+def keep_alive(lease: Lease, interval: float, stop: threading.Event) -> None:
+    """Renew `lease` every `interval` seconds until `stop` is set or the lease is lost.
+
+    A database error is survived while the lease still has time left; once the local
+    deadline passes without a successful renewal the lease counts as lost.
+    """
+    while not stop.wait(interval):
+        try:
+            lease.renew()
+        except LeaseLost:
+            log.warning("lost lease on %s/%s (token %s)", lease.pool, lease.name, lease.token)
+            return
+        except DatabaseError as exc:
+            if lease.remaining() <= 0:
+                lease._mark_lost()
+                log.warning("lease on %s/%s ran out while renewal failed: %s", lease.pool, lease.name, exc)
+                return
+            log.warning("renewing %s/%s failed, will retry: %s", lease.pool, lease.name, exc)
+
+
+class Heartbeat(threading.Thread):
+    """A daemon thread that keeps one lease alive; closes its own connection on exit."""
+
+    def __init__(self, lease: Lease, interval: float | None = None) -> None:
+        super().__init__(name=f"lease-heartbeat:{lease.pool}/{lease.name}", daemon=True)
+        self.lease = lease
+        self.interval = interval if interval is not None else lease.ttl / 3
+        self.stop_event = threading.Event()
+
+    def run(self) -> None:
+        try:
+            keep_alive(self.lease, self.interval, self.stop_event)
+        finally:
+            connections.close_all()
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        self.join()

@@ -1,0 +1,55 @@
+"""State of the lease engine. Behaviour lives in `leases.pool` and `leases.lease`."""
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+from django.core.serializers.json import DjangoJSONEncoder
+from django.db import models
+
+#: busy_before of a resource nobody has held yet: long past, so it is free.
+EPOCH = datetime(2000, 1, 1, tzinfo=timezone.utc)
+
+POOL_NAME_LENGTH = 100
+RESOURCE_NAME_LENGTH = 255
+HOLDER_LENGTH = 255
+
+
+class Resource(models.Model):
+    """One leasable thing (a proxy, an account) in a named pool.
+
+    A resource is held while `busy_before` is in the future by the database clock.
+    Quarantine pushes `busy_before` forward too, so "free" is one index range scan:
+    ``pool = ? AND busy_before <= now``. `token` is the fencing token: it grows with
+    every acquisition (and every forced change of holder) and never goes back.
+    """
+
+    FREE, HELD, QUARANTINED = "free", "held", "quarantined"
+
+    pool = models.CharField(max_length=POOL_NAME_LENGTH)
+    name = models.CharField(max_length=RESOURCE_NAME_LENGTH)
+    data = models.JSONField(default=dict, blank=True, encoder=DjangoJSONEncoder)
+    busy_before = models.DateTimeField(default=EPOCH)
+    holder = models.CharField(max_length=HOLDER_LENGTH, blank=True, default="")
+    token = models.BigIntegerField(default=0)
+    acquired_at = models.DateTimeField(null=True, blank=True)
+    renewed_at = models.DateTimeField(null=True, blank=True)
+    quarantined_until = models.DateTimeField(null=True, blank=True)
+    quarantine_reason = models.CharField(max_length=255, blank=True, default="")
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["pool", "name"], name="leases_resource_pool_name")
+        ]
+        indexes = [models.Index(fields=["pool", "busy_before"], name="leases_resource_free")]
+        ordering = ["pool", "name"]
+
+    def __str__(self) -> str:
+        return f"{self.pool}/{self.name}"
+
+    def state_at(self, now: datetime) -> str:
+        """free, held or quarantined at `now`, which must come from the database clock."""
+        if self.quarantined_until is not None and self.quarantined_until > now:
+            return self.QUARANTINED
+        if self.busy_before > now:
+            return self.HELD
+        return self.FREE

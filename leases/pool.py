@@ -1,0 +1,266 @@
+"""A named pool of resources that processes on many hosts lease exclusively."""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from contextlib import contextmanager
+from datetime import datetime
+from typing import Any, Callable, Iterable, Iterator
+
+from django.db import connections, transaction
+
+from . import db
+from .exceptions import NoResourceAvailable, UnknownPool, UnknownResource
+from .lease import Heartbeat, Lease, check_ttl, make_holder
+from .models import POOL_NAME_LENGTH, RESOURCE_NAME_LENGTH, Resource
+from .sql import statements
+
+log = logging.getLogger("leases")
+
+#: Free rows read per attempt; losing the race for one moves on to the next.
+CANDIDATES = 5
+#: Reads of fresh candidates before a failed attempt counts as "pool exhausted".
+ROUNDS = 3
+
+
+def check_name(value: Any, what: str, max_length: int) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"{what} must be a non-empty string")
+    if len(value) > max_length:
+        raise ValueError(f"{what} is longer than {max_length} characters: {value[:40]!r}...")
+    return value
+
+
+def check_data(data: Any) -> Any:
+    """JSON only: refuse what would not round-trip, before anything is written."""
+    try:
+        json.dumps(data, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"data must be JSON-serialisable: {exc}") from None
+    return data
+
+
+def check_wait(wait: Any) -> float:
+    if isinstance(wait, bool) or not isinstance(wait, (int, float)) or wait < 0:
+        raise ValueError(f"wait must be a number of seconds >= 0, not {wait!r}")
+    return float(wait)
+
+
+def db_now(using: str | None = None) -> datetime:
+    """The database server's clock, the only clock that decides expiry."""
+
+    def work(cursor: Any, resumed: bool) -> datetime:
+        cursor.execute(statements(cursor.db).now, ())
+        return db.to_datetime(cursor.fetchone()[0])
+
+    return db.run(work, using)
+
+
+def _load(value: Any) -> Any:
+    if isinstance(value, (bytes, bytearray)):
+        value = value.decode()
+    return json.loads(value) if isinstance(value, str) else value
+
+
+class Pool:
+    """Resources of one pool. Cheap to create; holds no connection or state of its own."""
+
+    def __init__(self, name: str, using: str | None = None) -> None:
+        self.name = check_name(name, "pool name", POOL_NAME_LENGTH)
+        self.using = db.alias(using)
+
+    def __repr__(self) -> str:
+        return f"<Pool {self.name}>"
+
+    # -- membership ---------------------------------------------------------------
+
+    def _objects(self):
+        return Resource.objects.using(self.using)
+
+    def resources(self):
+        """The pool's rows, for listing (state needs `db_now()`, not the client clock)."""
+        return self._objects().filter(pool=self.name)
+
+    def add(self, name: str, data: Any = None) -> bool:
+        """Add a resource; adding it again changes nothing (or only its data, if given).
+
+        Returns True when the resource is new.
+        """
+        check_name(name, "resource name", RESOURCE_NAME_LENGTH)
+        if data is None:
+            _, created = self._objects().get_or_create(pool=self.name, name=name)
+        else:
+            check_data(data)
+            _, created = self._objects().update_or_create(pool=self.name, name=name, defaults={"data": data})
+        return created
+
+    def add_many(
+        self,
+        items: Iterable[tuple[str, Any]],
+        batch_size: int = 1000,
+        progress: Callable[[int], None] | None = None,
+    ) -> int:
+        """Add (name, data) pairs in one transaction: all of them or, on bad input, none.
+
+        Existing names keep their lease state; their data is replaced where data is given.
+        `progress` is called with the number of rows written after each batch.
+        """
+        rows = []
+        for name, data in items:
+            check_name(name, "resource name", RESOURCE_NAME_LENGTH)
+            rows.append((name, check_data(data)))
+        with transaction.atomic(using=self.using):
+            for start in range(0, len(rows), batch_size):
+                batch = rows[start : start + batch_size]
+                with_data = [Resource(pool=self.name, name=n, data=d) for n, d in batch if d is not None]
+                bare = [Resource(pool=self.name, name=n) for n, d in batch if d is None]
+                objects = self._objects()
+                if with_data:
+                    objects.bulk_create(
+                        with_data,
+                        update_conflicts=True,
+                        unique_fields=["pool", "name"],
+                        update_fields=["data"],
+                    )
+                if bare:
+                    objects.bulk_create(bare, ignore_conflicts=True)
+                if progress:
+                    progress(len(batch))
+        return len(rows)
+
+    def remove(self, name: str) -> bool:
+        """Delete a resource; a holder of it loses its lease at the next renewal."""
+        deleted, _ = self.resources().filter(name=name).delete()
+        return bool(deleted)
+
+    # -- leasing --------------------------------------------------------------------
+
+    def acquire(self, ttl: float = 60, wait: float = 0, holder: str | None = None) -> Lease:
+        """Lease one free resource for `ttl` seconds.
+
+        With `wait` > 0, retry with jittered pauses until that many seconds have passed,
+        then raise NoResourceAvailable. UnknownPool when the pool has no resources at all.
+        """
+        ttl = check_ttl(ttl)
+        deadline = time.monotonic() + check_wait(wait)
+        holder = make_holder(holder)
+        attempt = 0
+        while True:
+            lease = self._try_acquire(ttl, holder, first=attempt == 0)
+            if lease is not None:
+                return lease
+            left = deadline - time.monotonic()
+            if left <= 0:
+                waited = f" within {wait:g}s" if wait else ""
+                raise NoResourceAvailable(f"no free resource in pool {self.name!r}{waited}")
+            time.sleep(min(left, 0.05 + db.backoff(attempt, base=0.05, cap=1.0)))
+            attempt += 1
+
+    def _try_acquire(self, ttl: float, holder: str, first: bool) -> Lease | None:
+        for _ in range(ROUNDS):
+            rows = db.run(self._candidates, self.using)
+            mono_anchor = time.monotonic()
+            if not rows:
+                if first and not self._exists():
+                    raise UnknownPool(f"pool {self.name!r} has no resources")
+                return None
+            for id_, token, name, data, now in rows:
+                sent_at = time.monotonic()
+                if db.run(self._claimer(id_, token, holder, ttl), self.using):
+                    return Lease(
+                        pool=self.name,
+                        id=id_,
+                        name=name,
+                        resource=_load(data),
+                        token=token + 1,
+                        holder=holder,
+                        ttl=ttl,
+                        sent_at=sent_at,
+                        db_anchor=db.to_datetime(now),
+                        mono_anchor=mono_anchor,
+                        using=self.using,
+                    )
+        return None
+
+    def _candidates(self, cursor: Any, resumed: bool) -> list:
+        cursor.execute(statements(cursor.db).candidates, (self.name, CANDIDATES))
+        return cursor.fetchall()
+
+    @staticmethod
+    def _claimer(id_: int, token: int, holder: str, ttl: float) -> Callable[[Any, bool], bool]:
+        def claim(cursor: Any, resumed: bool) -> bool:
+            st = statements(cursor.db)
+            if resumed:  # the first try may have committed before the connection dropped
+                cursor.execute(st.claimed, (id_, token + 1, holder))
+                if cursor.fetchone():
+                    return True
+            cursor.execute(st.claim, (db.dialect(cursor.db).seconds(ttl), holder, id_, token))
+            return cursor.rowcount == 1
+
+        return claim
+
+    def _exists(self) -> bool:
+        def work(cursor: Any, resumed: bool) -> bool:
+            cursor.execute(statements(cursor.db).exists, (self.name,))
+            return cursor.fetchone() is not None
+
+        return db.run(work, self.using)
+
+    @contextmanager
+    def lease(
+        self,
+        ttl: float = 60,
+        wait: float = 0,
+        holder: str | None = None,
+        interval: float | None = None,
+    ) -> Iterator[Lease]:
+        """Hold a resource for the block, renewing it every `interval` (ttl/3) seconds.
+
+        If renewal fails the block is not interrupted: `lease.lost` turns true and
+        `lease.check()` raises LeaseLost, so long loops should call it between steps.
+        """
+        lease = self.acquire(ttl=ttl, wait=wait, holder=holder)
+        heartbeat = Heartbeat(lease, interval)
+        heartbeat.start()
+        try:
+            yield lease
+        finally:
+            heartbeat.stop()
+            lease.release()
+
+    # -- operators ------------------------------------------------------------------
+
+    def _by_name(self, key: str, params: tuple, name: str) -> int:
+        def work(cursor: Any, resumed: bool) -> int:
+            cursor.execute(getattr(statements(cursor.db), key), params)
+            return cursor.rowcount
+
+        changed = db.run(work, self.using)
+        if not changed and not self.resources().filter(name=name).exists():
+            raise UnknownResource(f"no resource {name!r} in pool {self.name!r}")
+        return changed
+
+    def quarantine(self, name: str, seconds: float = 86400, reason: str = "") -> None:
+        """Take a resource out of service for `seconds`; a current holder loses it."""
+        seconds = check_ttl(seconds, "quarantine seconds")
+        later = db.dialect(connections[self.using]).seconds(seconds)
+        self._by_name("quarantine", (later, later, (reason or "")[:255], self.name, name), name)
+
+    def unquarantine(self, name: str) -> bool:
+        """Put a quarantined resource back in service. False if it was not quarantined."""
+        return bool(self._by_name("unquarantine", (self.name, name), name))
+
+    def release(self, name: str) -> bool:
+        """Free a held resource whoever holds it (an operator's action). False if not held."""
+        return bool(self._by_name("evict", (self.name, name), name))
+
+    def stats(self) -> dict[str, int]:
+        """Counts by the database clock: free, held, quarantined, total."""
+
+        def work(cursor: Any, resumed: bool) -> tuple:
+            cursor.execute(statements(cursor.db).stats, (self.name,))
+            return cursor.fetchone()
+
+        total, quarantined, held = (int(v) for v in db.run(work, self.using))
+        return {"free": total - held - quarantined, "held": held, "quarantined": quarantined, "total": total}

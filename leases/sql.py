@@ -1,0 +1,87 @@
+"""The lease protocol, as the SQL statements it runs.
+
+Each race is decided by one conditional UPDATE and its row count. Acquire compares the
+fencing token it read (never a timestamp, so two acquisitions in one clock tick cannot
+be confused); renew and release match the token and the holder; every successful
+statement changes at least one column, so row counts mean the same on every driver.
+Values are always parameters; only the table name and the dialect's clock fragments are
+put into the text.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+from types import SimpleNamespace
+
+from django.db.backends.base.base import BaseDatabaseWrapper
+
+from . import db
+
+_TEMPLATES = {
+    # Free candidates, in random order so a crowd of acquirers spreads over the rows.
+    # The last column is the server clock, the anchor for the client's expiry estimate.
+    "candidates": (
+        "SELECT id, token, name, data, {now} FROM {t}"
+        " WHERE pool = %s AND busy_before <= {now} ORDER BY {random} LIMIT %s"
+    ),
+    # params: ttl, holder, id, token read by "candidates"
+    "claim": (
+        "UPDATE {t} SET busy_before = {later}, holder = %s, token = token + 1,"
+        " acquired_at = {now}, renewed_at = {now}, quarantined_until = NULL,"
+        " quarantine_reason = ''"
+        " WHERE id = %s AND token = %s AND busy_before <= {now}"
+    ),
+    # After a dropped connection: did our claim commit? params: id, token + 1, holder
+    "claimed": "SELECT 1 FROM {t} WHERE id = %s AND token = %s AND holder = %s",
+    # Renewing after expiry fails, so there is no instant with two successful holders.
+    # params: ttl, id, token, holder
+    "renew": (
+        "UPDATE {t} SET busy_before = {later}, renewed_at = {now}"
+        " WHERE id = %s AND token = %s AND holder = %s AND busy_before > {now}"
+    ),
+    # params: id, token, holder
+    "release": (
+        "UPDATE {t} SET busy_before = {now}, holder = ''"
+        " WHERE id = %s AND token = %s AND holder = %s"
+    ),
+    # An operator frees a held resource; the token grows so the old holder's renew fails.
+    # params: pool, name
+    "evict": (
+        "UPDATE {t} SET busy_before = {now}, holder = '', token = token + 1"
+        " WHERE pool = %s AND name = %s AND busy_before > {now}"
+        " AND (quarantined_until IS NULL OR quarantined_until <= {now})"
+    ),
+    # params: seconds, seconds, reason, pool, name
+    "quarantine": (
+        "UPDATE {t} SET busy_before = {later}, quarantined_until = {later},"
+        " quarantine_reason = %s, holder = '', token = token + 1"
+        " WHERE pool = %s AND name = %s"
+    ),
+    # params: pool, name
+    "unquarantine": (
+        "UPDATE {t} SET busy_before = {now}, quarantined_until = NULL, quarantine_reason = ''"
+        " WHERE pool = %s AND name = %s AND quarantined_until IS NOT NULL"
+    ),
+    # params: pool -> total, quarantined, held
+    "stats": (
+        "SELECT COUNT(*),"
+        " COALESCE(SUM(CASE WHEN quarantined_until > {now} THEN 1 ELSE 0 END), 0),"
+        " COALESCE(SUM(CASE WHEN busy_before > {now} AND (quarantined_until IS NULL"
+        " OR quarantined_until <= {now}) THEN 1 ELSE 0 END), 0)"
+        " FROM {t} WHERE pool = %s"
+    ),
+    "exists": "SELECT 1 FROM {t} WHERE pool = %s LIMIT 1",
+    "now": "SELECT {now}",
+}
+
+
+def statements(connection: BaseDatabaseWrapper) -> SimpleNamespace:
+    """The protocol's statements for this connection's vendor and table."""
+    from .models import Resource
+
+    return _build(db.table(Resource, connection), db.dialect(connection))
+
+
+@lru_cache(maxsize=None)
+def _build(table: str, dialect: db.Dialect) -> SimpleNamespace:
+    fragments = {"t": table, "now": dialect.now, "later": dialect.later, "random": dialect.random}
+    return SimpleNamespace(**{key: sql.format(**fragments) for key, sql in _TEMPLATES.items()})

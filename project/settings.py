@@ -1,0 +1,102 @@
+"""Settings of the django-leases demo project.
+
+Everything that differs between machines comes from the environment (django-environ):
+``DATABASE_URL`` picks the database, SQLite in the checkout by default.
+"""
+from pathlib import Path
+
+import environ
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+env = environ.Env(
+    DEBUG=(bool, False),
+    SECRET_KEY=(str, "django-insecure-demo-only-change-me"),
+    ALLOWED_HOSTS=(list, ["localhost", "127.0.0.1"]),
+)
+
+SECRET_KEY = env("SECRET_KEY")
+DEBUG = env("DEBUG")
+ALLOWED_HOSTS = env("ALLOWED_HOSTS")
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "leases",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "project.urls"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+WSGI_APPLICATION = "project.wsgi.application"
+
+
+def _database(url: str) -> dict:
+    """Parse DATABASE_URL and add what many processes sharing one database need."""
+    db = environ.Env.db_url_config(url)
+    engine = db["ENGINE"]
+    if engine.endswith("sqlite3"):
+        name = Path(db["NAME"])
+        if not name.is_absolute() and str(name) != ":memory:":
+            name = BASE_DIR / name
+        db["NAME"] = str(name)
+        # A file, not memory, so that test processes share the test database.
+        db["TEST"] = {"NAME": str(name.with_name("test_" + name.name))}
+        # WAL lets readers run beside the one writer; a long busy timeout rides out bursts.
+        db.setdefault("OPTIONS", {}).update(
+            timeout=30,
+            init_command="PRAGMA journal_mode=WAL;PRAGMA synchronous=NORMAL",
+        )
+    elif engine.endswith("mysql"):
+        db.setdefault("OPTIONS", {}).setdefault("charset", "utf8mb4")
+        db["TEST"] = {"CHARSET": "utf8mb4", "COLLATION": "utf8mb4_unicode_ci"}
+    return db
+
+
+DATABASES = {"default": _database(env("DATABASE_URL", default="sqlite:///db.sqlite3"))}
+
+AUTH_PASSWORD_VALIDATORS = []
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "loggers": {"leases": {"handlers": ["console"], "level": env("LEASES_LOG_LEVEL", default="WARNING")}},
+}
