@@ -23,7 +23,7 @@ venv: $(VENV)/.installed $(if $(USES_MYSQL),$(VENV)/.mysql)
 
 demo: venv
 	$(PY) manage.py migrate --noinput -v0
-	$(PY) manage.py leases_demo
+	$(PY) -m project.demo
 
 test: venv
 	$(PY) -m pytest $(PYTEST_ARGS)

@@ -1,0 +1,88 @@
+"""Shared fixtures: real processes against the real test database.
+
+Concurrency is tested with forked processes (and subprocesses for the commands), never
+threads alone. Tests that start processes use ``django_db(transaction=True)`` so that
+what the test writes is committed and visible to the children.
+"""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import sys
+from pathlib import Path
+
+import pytest
+from django.db import connection, connections
+
+ROOT = Path(__file__).resolve().parent.parent
+_fork = multiprocessing.get_context("fork")
+
+
+def _child(target, args, kwargs):
+    # Inherited connection objects were closed in the parent before the fork.
+    try:
+        target(*args, **kwargs)
+    finally:
+        connections.close_all()
+
+
+class Processes:
+    """Starts forked children; kills whatever is still alive when the test ends."""
+
+    def __init__(self) -> None:
+        self.started: list[multiprocessing.Process] = []
+
+    def start(self, target, *args, **kwargs) -> multiprocessing.Process:
+        connections.close_all()  # never share a socket with a child
+        proc = _fork.Process(target=_child, args=(target, args, kwargs), daemon=True)
+        proc.start()
+        self.started.append(proc)
+        return proc
+
+    def join_all(self, timeout: float = 120) -> None:
+        for proc in self.started:
+            proc.join(timeout)
+            assert not proc.is_alive(), f"process {proc.pid} still running after {timeout}s"
+
+    def cleanup(self) -> None:
+        for proc in self.started:
+            if proc.is_alive():
+                proc.kill()
+                proc.join(5)
+
+
+@pytest.fixture
+def processes():
+    procs = Processes()
+    yield procs
+    procs.cleanup()
+
+
+@pytest.fixture
+def queue():
+    return _fork.Queue()
+
+
+def database_url() -> str:
+    """A DATABASE_URL naming the test database this session runs on."""
+    s = connection.settings_dict
+    if connection.vendor == "sqlite":
+        return f"sqlite:///{s['NAME']}"
+    auth = s["USER"] + (f":{s['PASSWORD']}" if s["PASSWORD"] else "")
+    return f"mysql://{auth}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 3306}/{s['NAME']}"
+
+
+@pytest.fixture
+def child_env():
+    """Environment for a subprocess (manage.py ...) that must use the test database."""
+    env = dict(os.environ)
+    env["DATABASE_URL"] = database_url()
+    env["PYTHONPATH"] = str(ROOT)
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+@pytest.fixture
+def manage():
+    """argv prefix that runs this checkout's manage.py with the current interpreter."""
+    return [sys.executable, str(ROOT / "manage.py")]
