@@ -39,6 +39,8 @@ class Dialect:
     later: str
     random: str
     seconds: Callable[[float], Any]
+    #: Whether an upsert names its conflict columns (MySQL's ON DUPLICATE KEY cannot).
+    conflict_target: bool
 
 
 _MYSQL = Dialect(
@@ -48,6 +50,7 @@ _MYSQL = Dialect(
     later="(UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND)",
     random="RAND()",
     seconds=lambda s: int(round(s * 1_000_000)),
+    conflict_target=False,
 )
 
 _SQLITE = Dialect(
@@ -58,6 +61,7 @@ _SQLITE = Dialect(
     later="strftime('%%Y-%%m-%%d %%H:%%M:%%f000', 'now', %s)",
     random="RANDOM()",
     seconds=lambda s: f"{s:+.3f} seconds",
+    conflict_target=True,
 )
 
 _DIALECTS = {"mysql": _MYSQL, "sqlite": _SQLITE}
@@ -75,6 +79,12 @@ def dialect(connection: BaseDatabaseWrapper) -> Dialect:
         raise NotImplementedError(
             f"django-leases supports MySQL/MariaDB and SQLite, not {connection.vendor!r}"
         ) from None
+
+
+def upsert(connection: BaseDatabaseWrapper, unique_fields: list[str], update_fields: list[str]) -> dict:
+    """bulk_create() arguments that update `update_fields` where a row already exists."""
+    target = {"unique_fields": unique_fields} if dialect(connection).conflict_target else {}
+    return {"update_conflicts": True, "update_fields": update_fields, **target}
 
 
 def supported(vendor: str) -> bool:

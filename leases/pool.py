@@ -110,6 +110,7 @@ class Pool:
         for name, data in items:
             check_name(name, "resource name", RESOURCE_NAME_LENGTH)
             rows.append((name, check_data(data)))
+        upsert = db.upsert(connections[self.using], ["pool", "name"], ["data"])
         with transaction.atomic(using=self.using):
             for start in range(0, len(rows), batch_size):
                 batch = rows[start : start + batch_size]
@@ -117,12 +118,7 @@ class Pool:
                 bare = [Resource(pool=self.name, name=n) for n, d in batch if d is None]
                 objects = self._objects()
                 if with_data:
-                    objects.bulk_create(
-                        with_data,
-                        update_conflicts=True,
-                        unique_fields=["pool", "name"],
-                        update_fields=["data"],
-                    )
+                    objects.bulk_create(with_data, **upsert)
                 if bare:
                     objects.bulk_create(bare, ignore_conflicts=True)
                 if progress:
