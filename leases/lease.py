@@ -153,7 +153,8 @@ def keep_alive(lease: Lease, interval: float, stop: threading.Event) -> None:
         try:
             lease.renew()
         except LeaseLost:
-            log.warning("lost lease on %s/%s (token %s)", lease.pool, lease.name, lease.token)
+            if not lease.released:  # released on purpose (fix(), exit) is no news
+                log.warning("lost lease on %s/%s (token %s)", lease.pool, lease.name, lease.token)
             return
         except DatabaseError as exc:
             if lease.remaining() <= 0:
