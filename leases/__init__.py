@@ -17,6 +17,11 @@ _EXPORTS = {
     "NoResourceAvailable": "leases.exceptions",
     "UnknownPool": "leases.exceptions",
     "UnknownResource": "leases.exceptions",
+    "Locked": "leases.exceptions",
+    "lock": "leases.locks",
+    "synchronized": "leases.locks",
+    "break_lock": "leases.locks",
+    "HeldLock": "leases.locks",
 }
 
 __all__ = sorted(_EXPORTS)

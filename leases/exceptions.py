@@ -19,3 +19,7 @@ class UnknownPool(LeaseError, LookupError):
 
 class UnknownResource(LeaseError, LookupError):
     """No resource of that name in that pool."""
+
+
+class Locked(LeaseError):
+    """The lock is held by someone else (and stayed held for as long as we waited)."""

@@ -1,4 +1,4 @@
-"""A held lease: renew it, release it, know how long it is still yours."""
+"""Held leases and locks: renew them, release them, know how long they are still yours."""
 from __future__ import annotations
 
 import logging
@@ -20,6 +20,9 @@ from .sql import statements
 log = logging.getLogger("leases")
 
 _SUFFIX_LENGTH = 9  # ":" + 8 hex digits
+#: The coarsest server clock supported (SQLite's) ticks in milliseconds and truncates, so
+#: estimates of the server's expiry keep this much in hand.
+_CLOCK_TICK = 0.001
 
 
 def make_holder(holder: str | None = None) -> str:
@@ -43,23 +46,22 @@ def check_ttl(ttl: Any, what: str = "ttl") -> float:
     return float(ttl)
 
 
-class Lease:
-    """Exclusive use of one resource until `expires_at`, proven by `token`.
+class Hold:
+    """Exclusive hold on one row until `expires_at`, proven by `token`: a lease or a lock.
 
-    `token` is the fencing token: it grows with every acquisition of the resource, so a
-    system that remembers the highest token it has seen can refuse a stale holder.
+    `token` is the fencing token: it grows with every acquisition of the row, so a system
+    that remembers the highest token it has seen can refuse a stale holder.
     `expires_at` and `remaining()` are a conservative estimate from the database clock
-    read at acquisition plus the local monotonic clock; the server may keep the lease a
-    little longer, never shorter.
+    read at acquisition plus the local monotonic clock; the server may keep the hold a
+    little longer, never shorter. Subclasses name their `kind` of statements.
     """
+
+    kind = ""
 
     def __init__(
         self,
         *,
-        pool: str,
         id: int,
-        name: str,
-        resource: Any,
         token: int,
         holder: str,
         ttl: float,
@@ -68,63 +70,61 @@ class Lease:
         mono_anchor: float,
         using: str,
     ) -> None:
-        self.pool = pool
         self.id = id
-        self.name = name
-        self.resource = resource
         self.token = token
         self.holder = holder
         self.ttl = ttl
         self.using = using
         self.lost = False
         self.released = False
-        self._deadline = sent_at + ttl
+        self._deadline = sent_at + ttl - _CLOCK_TICK
         self._db_anchor = db_anchor
         self._mono_anchor = mono_anchor
         self._lock = threading.Lock()
 
+    def __str__(self) -> str:
+        return f"{self.kind} #{self.id}"
+
     def __repr__(self) -> str:
         state = "lost" if self.lost else "released" if self.released else "held"
-        return f"<Lease {self.pool}/{self.name} token={self.token} {state}>"
+        return f"<{type(self).__name__} {self} token={self.token} {state}>"
 
     @property
     def expires_at(self) -> datetime:
         return self._db_anchor + timedelta(seconds=self._deadline - self._mono_anchor)
 
     def remaining(self) -> float:
-        """Seconds the lease is surely still ours (0 once lost or released)."""
+        """Seconds it is surely still ours (0 once lost or released)."""
         if self.lost or self.released:
             return 0.0
         return max(0.0, self._deadline - time.monotonic())
 
     def check(self) -> None:
-        """Raise LeaseLost unless the lease is surely still held: call it between steps."""
+        """Raise LeaseLost unless it is surely still held: call it between steps of work."""
         if self.remaining() <= 0:
-            raise LeaseLost(f"lease on {self.pool}/{self.name} (token {self.token}) is no longer held")
+            raise LeaseLost(f"{self} (token {self.token}) is no longer held")
 
     def renew(self, ttl: float | None = None) -> None:
-        """Extend the lease to `ttl` seconds from now (server clock); LeaseLost if it is gone."""
+        """Extend to `ttl` seconds from now (server clock); LeaseLost if it is gone."""
         ttl = self.ttl if ttl is None else check_ttl(ttl)
         with self._lock:
             if self.lost or self.released:
-                raise LeaseLost(f"lease on {self.pool}/{self.name} (token {self.token}) is not held")
+                raise LeaseLost(f"{self} (token {self.token}) is not held")
             sent_at = time.monotonic()
 
             def work(cursor: Any, resumed: bool) -> bool:
-                st = statements(cursor.db)
-                cursor.execute(st.renew, (db.dialect(cursor.db).seconds(ttl), self.id, self.token, self.holder))
+                sql = statements(cursor.db, self.kind).renew
+                cursor.execute(sql, (db.dialect(cursor.db).seconds(ttl), self.id, self.token, self.holder))
                 return cursor.rowcount == 1
 
             if not db.run(work, self.using):
                 self.lost = True
-                raise LeaseLost(
-                    f"lease on {self.pool}/{self.name} (token {self.token}) expired or passed to another holder"
-                )
+                raise LeaseLost(f"{self} (token {self.token}) expired or passed to another holder")
             self.ttl = ttl
-            self._deadline = sent_at + ttl
+            self._deadline = sent_at + ttl - _CLOCK_TICK
 
     def release(self) -> bool:
-        """Free the resource now. False when it was no longer ours (nothing else is touched)."""
+        """Give it up now. False when it was no longer ours (nothing else is touched)."""
         with self._lock:
             if self.released:
                 return False
@@ -133,7 +133,7 @@ class Lease:
                 return False
 
             def work(cursor: Any, resumed: bool) -> bool:
-                cursor.execute(statements(cursor.db).release, (self.id, self.token, self.holder))
+                cursor.execute(statements(cursor.db, self.kind).release, (self.id, self.token, self.holder))
                 return cursor.rowcount == 1
 
             return db.run(work, self.using)
@@ -143,7 +143,22 @@ class Lease:
             self.lost = True
 
 
-def keep_alive(lease: Lease, interval: float, stop: threading.Event) -> None:
+class Lease(Hold):
+    """Exclusive use of one resource of a pool; `resource` is the resource's data."""
+
+    kind = "resource"
+
+    def __init__(self, *, pool: str, name: str, resource: Any, **hold: Any) -> None:
+        super().__init__(**hold)
+        self.pool = pool
+        self.name = name
+        self.resource = resource
+
+    def __str__(self) -> str:
+        return f"lease on {self.pool}/{self.name}"
+
+
+def keep_alive(lease: Hold, interval: float, stop: threading.Event) -> None:
     """Renew `lease` every `interval` seconds until `stop` is set or the lease is lost.
 
     A database error is survived while the lease still has time left; once the local
@@ -154,21 +169,21 @@ def keep_alive(lease: Lease, interval: float, stop: threading.Event) -> None:
             lease.renew()
         except LeaseLost:
             if not lease.released:  # released on purpose (fix(), exit) is no news
-                log.warning("lost lease on %s/%s (token %s)", lease.pool, lease.name, lease.token)
+                log.warning("lost %s (token %s)", lease, lease.token)
             return
         except DatabaseError as exc:
             if lease.remaining() <= 0:
                 lease._mark_lost()
-                log.warning("lease on %s/%s ran out while renewal failed: %s", lease.pool, lease.name, exc)
+                log.warning("%s ran out while renewal failed: %s", lease, exc)
                 return
-            log.warning("renewing %s/%s failed, will retry: %s", lease.pool, lease.name, exc)
+            log.warning("renewing %s failed, will retry: %s", lease, exc)
 
 
 class Heartbeat(threading.Thread):
-    """A daemon thread that keeps one lease alive; closes its own connection on exit."""
+    """A daemon thread that keeps one lease or lock alive; closes its own connection on exit."""
 
-    def __init__(self, lease: Lease, interval: float | None = None) -> None:
-        super().__init__(name=f"lease-heartbeat:{lease.pool}/{lease.name}", daemon=True)
+    def __init__(self, lease: Hold, interval: float | None = None) -> None:
+        super().__init__(name=f"heartbeat: {lease}", daemon=True)
         self.lease = lease
         self.interval = interval if interval is not None else lease.ttl / 3
         self.stop_event = threading.Event()

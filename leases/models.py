@@ -53,3 +53,27 @@ class Resource(models.Model):
         if self.busy_before > now:
             return self.HELD
         return self.FREE
+
+
+class Lock(models.Model):
+    """A named mutex with an expiry, created on first use and kept when released.
+
+    Keeping the row is what lets `token` (the fencing token) grow across holders.
+    Held while `expires_at` is in the future by the database clock.
+    """
+
+    name = models.CharField(max_length=255, unique=True)
+    holder = models.CharField(max_length=HOLDER_LENGTH, blank=True, default="")
+    token = models.BigIntegerField(default=0)
+    expires_at = models.DateTimeField(default=EPOCH)
+    acquired_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def held_at(self, now: datetime) -> bool:
+        """Whether the lock is held at `now`, which must come from the database clock."""
+        return self.expires_at > now

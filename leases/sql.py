@@ -16,7 +16,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 
 from . import db
 
-_TEMPLATES = {
+RESOURCE = {
     # Free candidates, in random order so a crowd of acquirers spreads over the rows.
     # The last column is the server clock, the anchor for the client's expiry estimate.
     "candidates": (
@@ -73,15 +73,56 @@ _TEMPLATES = {
     "now": "SELECT {now}",
 }
 
+# A lock is a lease on a row created on first use. The row stays when released, so its
+# token keeps growing across holders.
+LOCK = {
+    # params: name -> id, token, holder, expired (1/0), server clock
+    "read": (
+        "SELECT id, token, holder, CASE WHEN expires_at <= {now} THEN 1 ELSE 0 END, {now}"
+        " FROM {t} WHERE name = %s"
+    ),
+    # params: name, holder, ttl; a duplicate key means someone else created it first
+    "insert": (
+        "INSERT INTO {t} (name, holder, token, expires_at, acquired_at)"
+        " VALUES (%s, %s, 1, {later}, {now})"
+    ),
+    # params: holder, ttl, id, token read by "read"
+    "claim": (
+        "UPDATE {t} SET holder = %s, token = token + 1, expires_at = {later}, acquired_at = {now}"
+        " WHERE id = %s AND token = %s AND expires_at <= {now}"
+    ),
+    # params: ttl, id, token, holder
+    "renew": (
+        "UPDATE {t} SET expires_at = {later}"
+        " WHERE id = %s AND token = %s AND holder = %s AND expires_at > {now}"
+    ),
+    # params: id, token, holder
+    "release": (
+        "UPDATE {t} SET expires_at = {now}, holder = ''"
+        " WHERE id = %s AND token = %s AND holder = %s"
+    ),
+    # An operator breaks a held lock; the token grows so the holder cannot extend it.
+    # params: name
+    "evict": (
+        "UPDATE {t} SET expires_at = {now}, holder = '', token = token + 1"
+        " WHERE name = %s AND expires_at > {now}"
+    ),
+}
 
-def statements(connection: BaseDatabaseWrapper) -> SimpleNamespace:
-    """The protocol's statements for this connection's vendor and table."""
-    from .models import Resource
 
-    return _build(db.table(Resource, connection), db.dialect(connection))
+_KINDS = {"resource": ("Resource", RESOURCE), "lock": ("Lock", LOCK)}
+
+
+def statements(connection: BaseDatabaseWrapper, kind: str = "resource") -> SimpleNamespace:
+    """The statements of one `kind` ("resource" or "lock") for this connection's vendor."""
+    from . import models
+
+    model = getattr(models, _KINDS[kind][0])
+    return _build(kind, db.table(model, connection), db.dialect(connection))
 
 
 @lru_cache(maxsize=None)
-def _build(table: str, dialect: db.Dialect) -> SimpleNamespace:
+def _build(kind: str, table: str, dialect: db.Dialect) -> SimpleNamespace:
+    templates = _KINDS[kind][1]
     fragments = {"t": table, "now": dialect.now, "later": dialect.later, "random": dialect.random}
-    return SimpleNamespace(**{key: sql.format(**fragments) for key, sql in _TEMPLATES.items()})
+    return SimpleNamespace(**{key: sql.format(**fragments) for key, sql in templates.items()})
