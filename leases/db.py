@@ -15,10 +15,11 @@ import random
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Callable, TypeVar
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, TypeVar
 
 from django.conf import settings
-from django.db import OperationalError, connections
+from django.db import OperationalError, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 log = logging.getLogger("leases.db")
@@ -41,6 +42,12 @@ class Dialect:
     seconds: Callable[[float], Any]
     #: Whether an upsert names its conflict columns (MySQL's ON DUPLICATE KEY cannot).
     conflict_target: bool
+    #: Head of an upsert's update part; `{keys}` are the conflict columns.
+    upsert: str
+    #: How the update part refers to the value the INSERT tried to write.
+    new: str
+    #: Layout of datetimes as the database stores them, for parameters compared in SQL.
+    stored_datetime: Callable[[datetime], Any]
 
 
 _MYSQL = Dialect(
@@ -51,6 +58,9 @@ _MYSQL = Dialect(
     random="RAND()",
     seconds=lambda s: int(round(s * 1_000_000)),
     conflict_target=False,
+    upsert="ON DUPLICATE KEY UPDATE",
+    new="VALUES({col})",
+    stored_datetime=lambda dt: dt.astimezone(timezone.utc).replace(tzinfo=None),
 )
 
 _SQLITE = Dialect(
@@ -62,9 +72,12 @@ _SQLITE = Dialect(
     random="RANDOM()",
     seconds=lambda s: f"{s:+.3f} seconds",
     conflict_target=True,
+    upsert="ON CONFLICT ({keys}) DO UPDATE SET",
+    new="excluded.{col}",
+    stored_datetime=lambda dt: dt.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f"),
 )
 
-_DIALECTS = {"mysql": _MYSQL, "sqlite": _SQLITE}
+DIALECTS = {"mysql": _MYSQL, "sqlite": _SQLITE}
 
 
 def alias(using: str | None = None) -> str:
@@ -74,7 +87,7 @@ def alias(using: str | None = None) -> str:
 
 def dialect(connection: BaseDatabaseWrapper) -> Dialect:
     try:
-        return _DIALECTS[connection.vendor]
+        return DIALECTS[connection.vendor]
     except KeyError:
         raise NotImplementedError(
             f"django-leases supports MySQL/MariaDB and SQLite, not {connection.vendor!r}"
@@ -88,7 +101,7 @@ def upsert(connection: BaseDatabaseWrapper, unique_fields: list[str], update_fie
 
 
 def supported(vendor: str) -> bool:
-    return vendor in _DIALECTS
+    return vendor in DIALECTS
 
 
 def to_datetime(value: Any) -> datetime:
@@ -148,3 +161,35 @@ def run(
 def table(model: Any, connection: BaseDatabaseWrapper) -> str:
     """The model's table name, quoted for this connection (identifiers, never values)."""
     return connection.ops.quote_name(model._meta.db_table)
+
+
+def skip_locked(connection: BaseDatabaseWrapper) -> str:
+    """Suffix of a claiming SELECT: skip rows another transaction holds, where supported.
+
+    MySQL 8.0.1+ and MariaDB 10.6+ have it. SQLite has no row locks: its claims run in
+    an immediate transaction (`write_transaction`), which admits one writer at a time.
+    """
+    return " FOR UPDATE SKIP LOCKED" if connection.features.has_select_for_update_skip_locked else ""
+
+
+@contextmanager
+def write_transaction(using: str | None = None) -> Iterator[None]:
+    """A transaction that will write: on SQLite it takes the write lock at BEGIN.
+
+    A deferred SQLite transaction that reads first and writes later fails with "database
+    is locked" when another writer got in between; BEGIN IMMEDIATE waits for the lock
+    (busy timeout) instead. Elsewhere this is plain `transaction.atomic()`.
+    """
+    connection = connections[alias(using)]
+    immediate = connection.vendor == "sqlite" and not connection.in_atomic_block
+    previous = getattr(connection, "transaction_mode", None)
+    if immediate:
+        connection.transaction_mode = "IMMEDIATE"  # read by atomic() when it sends BEGIN
+    try:
+        with transaction.atomic(using=connection.alias):
+            if immediate:
+                connection.transaction_mode = previous
+            yield
+    finally:
+        if immediate:
+            connection.transaction_mode = previous

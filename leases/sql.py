@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from types import SimpleNamespace
+from typing import Any
 
 from django.db.backends.base.base import BaseDatabaseWrapper
 
@@ -110,19 +111,52 @@ LOCK = {
 }
 
 
-_KINDS = {"resource": ("Resource", RESOURCE), "lock": ("Lock", LOCK)}
+_KINDS: dict[str, tuple[dict[str, str], dict[str, str]]] = {}
+
+
+def register(kind: str, templates: dict[str, str], tables: dict[str, str]) -> None:
+    """Make `templates` available as `statements(connection, kind)`.
+
+    `tables` maps placeholders to models ("app_label.Model"). Besides those, templates
+    may use the dialect's fragments: {now}, {later}, {random}, {skip_locked},
+    {upsert[conflict columns]} and {new[col]}.
+    """
+    _KINDS[kind] = (templates, tables)
+
+
+register("resource", RESOURCE, {"t": "leases.Resource"})
+register("lock", LOCK, {"t": "leases.Lock"})
 
 
 def statements(connection: BaseDatabaseWrapper, kind: str = "resource") -> SimpleNamespace:
-    """The statements of one `kind` ("resource" or "lock") for this connection's vendor."""
-    from . import models
+    """The statements of one registered `kind` for this connection's vendor."""
+    return _build(kind, connection.vendor, db.skip_locked(connection), connection.ops.quote_name)
 
-    model = getattr(models, _KINDS[kind][0])
-    return _build(kind, db.table(model, connection), db.dialect(connection))
+
+class _Pattern(dict):
+    """A fragment with an argument: {upsert[pool, value]} or {new[score]} in a template."""
+
+    def __init__(self, pattern: str, field: str) -> None:
+        super().__init__()
+        self.pattern, self.field = pattern, field
+
+    def __missing__(self, argument: str) -> str:
+        return self.pattern.format(**{self.field: argument})
 
 
 @lru_cache(maxsize=None)
-def _build(kind: str, table: str, dialect: db.Dialect) -> SimpleNamespace:
-    templates = _KINDS[kind][1]
-    fragments = {"t": table, "now": dialect.now, "later": dialect.later, "random": dialect.random}
+def _build(kind: str, vendor: str, skip_locked: str, quote: Any) -> SimpleNamespace:
+    from django.apps import apps
+
+    templates, tables = _KINDS[kind]
+    dialect = db.DIALECTS[vendor]
+    fragments = {
+        "now": dialect.now,
+        "later": dialect.later,
+        "random": dialect.random,
+        "skip_locked": skip_locked,
+        "upsert": _Pattern(dialect.upsert, "keys"),
+        "new": _Pattern(dialect.new, "col"),
+        **{key: quote(apps.get_model(label)._meta.db_table) for key, label in tables.items()},
+    }
     return SimpleNamespace(**{key: sql.format(**fragments) for key, sql in templates.items()})

@@ -1,0 +1,8 @@
+from django.apps import AppConfig
+
+
+class TasksConfig(AppConfig):
+    name = "leases.tasks"
+    label = "leases_tasks"
+    verbose_name = "Leases: work"
+    default_auto_field = "django.db.models.BigAutoField"
