@@ -24,7 +24,8 @@ from django.utils.text import Truncator
 
 from . import db
 from .exceptions import UnknownResource
-from .models import Resource
+from .locks import break_lock
+from .models import Lock, Resource
 from .pool import Pool, check_data, db_now
 
 #: Keys holding any of these (case-insensitive) have their values masked in the list.
@@ -86,7 +87,7 @@ def request_now(request: HttpRequest) -> datetime:
         return request._leases_now
 
 
-class Live:
+class PerRequest:
     """Columns that depend on the database clock, bound to one request's reading of it.
 
     Display methods get the row but not the request, and a ModelAdmin is shared by
@@ -98,10 +99,15 @@ class Live:
         self.request = request
 
     @classmethod
-    def of(cls, request: HttpRequest) -> "Live":
-        if not hasattr(request, "_leases_live"):
-            request._leases_live = cls(request)
-        return request._leases_live
+    def of(cls, request: HttpRequest):
+        key = f"_leases_{cls.__name__}"
+        if not hasattr(request, key):
+            setattr(request, key, cls(request))
+        return getattr(request, key)
+
+
+class Live(PerRequest):
+    """The resource columns."""
 
     def _state(self, obj: Resource) -> str:
         return obj.state_at(request_now(self.request))
@@ -291,3 +297,56 @@ class ResourceAdmin(admin.ModelAdmin):
     def unquarantine_selected(self, request, queryset):
         self._each(request, queryset, lambda p, n: p.unquarantine(n), "Unquarantined",
                    "not quarantined")
+
+
+class LockLive(PerRequest):
+    """The lock columns."""
+
+    def _held(self, obj: Lock) -> bool:
+        return obj.held_at(request_now(self.request))
+
+    @admin.display(description="owner", ordering="holder")
+    def owner(self, obj: Lock) -> str:
+        return _nowrap(obj.holder) if self._held(obj) else EMPTY
+
+    @admin.display(description="expires in (s)", ordering="expires_at")
+    def expires_in(self, obj: Lock) -> int | str:
+        if not self._held(obj):
+            return EMPTY
+        return math.floor((obj.expires_at - request_now(self.request)).total_seconds())
+
+
+@admin.register(Lock)
+class LockAdmin(admin.ModelAdmin):
+    """Named locks: who holds them and for how long; breaking one goes through the engine."""
+
+    search_fields = ("name", "holder")
+    actions = ["break_selected"]
+    readonly_fields = ("name", "holder", "token", "expires_at", "acquired_at")
+
+    @property
+    def using(self) -> str:
+        return db.alias()
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).using(self.using)
+
+    def get_list_display(self, request):
+        live = LockLive.of(request)
+        return ("name", live.owner, live.expires_in, "token", "acquired")
+
+    @admin.display(description="acquired", ordering="acquired_at")
+    def acquired(self, obj: Lock) -> str | None:
+        return _when(obj.acquired_at)
+
+    def has_add_permission(self, request) -> bool:
+        return False  # locks are made by taking them
+
+    @admin.action(description="Break selected locks (whoever holds them)", permissions=["change"])
+    def break_selected(self, request, queryset):
+        names = list(queryset.values_list("name", flat=True))
+        broken = sum(break_lock(name, using=self.using) for name in names)
+        text = f"Broke {broken} of {len(names)} selected lock{'s' if len(names) != 1 else ''}."
+        if broken < len(names):
+            text += f" {len(names) - broken} not held."
+        self.message_user(request, text, messages.SUCCESS if broken else messages.WARNING)

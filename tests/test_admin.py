@@ -269,3 +269,29 @@ def test_changelist_queries_do_not_grow_with_rows_and_read_the_clock_once(admin_
     for _ in range(12):
         pool.acquire(ttl=600)
     assert count(13) == few
+
+
+# -- locks ---------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_lock_changelist_shows_owner_and_expiry_and_breaks_locks(admin_client):
+    from leases import LeaseLost
+    from leases.locks import acquire_lock
+    from leases.models import Lock
+
+    held = acquire_lock("rebuild:crawl", ttl=120)
+    acquire_lock("old", ttl=0.01).release()
+    page = admin_client.get("/admin/leases/lock/").content.decode()
+    assert "rebuild:crawl" in page and held.holder in page
+    assert ">119<" in page or ">120<" in page
+    old = Lock.objects.get(name="old")
+    response = admin_client.post(
+        "/admin/leases/lock/",
+        {"action": "break_selected", "_selected_action": [Lock.objects.get(name="rebuild:crawl").pk, old.pk]},
+        follow=True,
+    )
+    assert "Broke 1 of 2 selected locks. 1 not held." in response.content.decode()
+    with pytest.raises(LeaseLost):
+        held.extend()
+    assert held.holder not in admin_client.get("/admin/leases/lock/").content.decode()
