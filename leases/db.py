@@ -14,11 +14,14 @@ import logging
 import random
 import time
 from dataclasses import dataclass
+from functools import lru_cache
 from datetime import datetime, timezone
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, TypeVar
 
 from django.conf import settings
+from django.core.signals import setting_changed
+from django.dispatch import receiver
 from django.db import OperationalError, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
@@ -82,7 +85,19 @@ DIALECTS = {"mysql": _MYSQL, "sqlite": _SQLITE}
 
 def alias(using: str | None = None) -> str:
     """The database alias the engine works on: `using`, else settings.LEASES_DATABASE."""
-    return using or getattr(settings, "LEASES_DATABASE", "default")
+    return using or _default_alias()
+
+
+@lru_cache(maxsize=1)
+def _default_alias() -> str:
+    # Cached: a missing setting costs an exception inside LazySettings on every call.
+    return getattr(settings, "LEASES_DATABASE", "default")
+
+
+@receiver(setting_changed)
+def _forget_alias(setting: str, **kwargs: Any) -> None:
+    if setting == "LEASES_DATABASE":
+        _default_alias.cache_clear()
 
 
 def dialect(connection: BaseDatabaseWrapper) -> Dialect:

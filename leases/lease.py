@@ -8,6 +8,7 @@ import socket
 import threading
 import time
 from datetime import datetime, timedelta
+from functools import lru_cache
 from typing import Any
 
 from django.db import DatabaseError, connections
@@ -25,6 +26,11 @@ _SUFFIX_LENGTH = 9  # ":" + 8 hex digits
 _CLOCK_TICK = 0.001
 
 
+@lru_cache(maxsize=1)
+def _process_identity(pid: int) -> str:
+    return f"{socket.gethostname()}:{pid}"  # keyed by pid: a forked child gets its own
+
+
 def make_holder(holder: str | None = None) -> str:
     """A holder string unique to one acquisition: `holder` (default host:pid) + ':random'.
 
@@ -32,7 +38,7 @@ def make_holder(holder: str | None = None) -> str:
     connection the client can look its own claim up and know whether it committed.
     """
     if holder is None:
-        holder = f"{socket.gethostname()}:{os.getpid()}"
+        holder = _process_identity(os.getpid())
     elif not isinstance(holder, str) or not holder.strip():
         raise ValueError("holder must be a non-empty string")
     if len(holder) > HOLDER_LENGTH - _SUFFIX_LENGTH:
