@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 from django.db import connections
 
@@ -32,6 +33,8 @@ class ResourceThread(threading.Thread):
     quarantine_for: float = 86400
     #: How often a worker waiting on an exhausted pool says so in the log.
     wait_step: float = 5
+    #: How soon a waiting start() notices terminate().
+    _poll = 1.0
     holder: str | None = None
 
     def __init__(
@@ -64,13 +67,16 @@ class ResourceThread(threading.Thread):
 
     def _acquire(self) -> None:
         """Replace self.lease with a valid resource; quarantine the invalid ones met."""
-        waited = 0.0
+        started = time.monotonic()
+        said = started - self.wait_step  # so the first failed attempt is reported
         while not self._stopping.is_set():
             try:
-                lease = self._pool.acquire(ttl=self.ttl, wait=self.wait_step, holder=self.holder)
+                lease = self._pool.acquire(ttl=self.ttl, wait=min(self._poll, self.wait_step), holder=self.holder)
             except NoResourceAvailable:
-                waited += self.wait_step
-                log.info("%s: pool %r exhausted, waiting (%.0fs so far)", self.name, self._pool.name, waited)
+                if time.monotonic() - said >= self.wait_step:
+                    said = time.monotonic()
+                    log.info("%s: pool %r exhausted, waiting (%.0fs so far)", self.name, self._pool.name,
+                             said - started)
                 continue
             self.lease = lease
             if self.is_valid():
