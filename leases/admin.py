@@ -54,7 +54,7 @@ def _nowrap(text: Any) -> str:
     return format_html('<span style="white-space: nowrap">{}</span>', text)
 
 
-def _when(value: datetime | None) -> str | None:  # None: the list's empty value
+def compact_time(value: datetime | None) -> str | None:  # None: the list's empty value
     """Compact and sortable, so a row of timestamps fits on one line."""
     return None if value is None else _nowrap(timezone.localtime(value).strftime("%Y-%m-%d %H:%M:%S"))
 
@@ -132,7 +132,7 @@ class Live(PerRequest):
     @admin.display(description="quarantined until", ordering="quarantined_until")
     def quarantine_until(self, obj: Resource) -> str:
         # A lapsed quarantine stays in the row until the next claim; it is history.
-        return _when(obj.quarantined_until) if self._state(obj) == Resource.QUARANTINED else EMPTY
+        return compact_time(obj.quarantined_until) if self._state(obj) == Resource.QUARANTINED else EMPTY
 
     @admin.display(description="quarantine reason")
     def reason(self, obj: Resource) -> str:
@@ -219,11 +219,11 @@ class ResourceAdmin(admin.ModelAdmin):
 
     @admin.display(description="acquired", ordering="acquired_at")
     def acquired(self, obj: Resource) -> str | None:
-        return _when(obj.acquired_at)
+        return compact_time(obj.acquired_at)
 
     @admin.display(description="renewed", ordering="renewed_at")
     def renewed(self, obj: Resource) -> str | None:
-        return _when(obj.renewed_at)
+        return compact_time(obj.renewed_at)
 
     @admin.display(description="data")
     def data_preview(self, obj: Resource) -> str:
@@ -337,7 +337,7 @@ class LockAdmin(admin.ModelAdmin):
 
     @admin.display(description="acquired", ordering="acquired_at")
     def acquired(self, obj: Lock) -> str | None:
-        return _when(obj.acquired_at)
+        return compact_time(obj.acquired_at)
 
     def has_add_permission(self, request) -> bool:
         return False  # locks are made by taking them
