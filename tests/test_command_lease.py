@@ -1,0 +1,325 @@
+"""`manage.py lease`: operator subcommands in process, `lease run` as a real subprocess."""
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.core.management.base import OutputWrapper
+
+from leases import Pool
+from leases.management.commands import lease as lease_command
+from leases.models import Resource
+from leases.pool import db_now
+from leases.progress import Progress
+
+POOL = "proxies"
+
+
+@pytest.fixture
+def pool():
+    p = Pool(POOL)
+    p.add("r1", data={"url": "http://r1"})
+    p.add("r2")
+    return p
+
+
+def lease(*args: str) -> tuple[str, str]:
+    """Run `lease ARGS` in process; its stdout and stderr."""
+    out, err = io.StringIO(), io.StringIO()
+    call_command("lease", *args, stdout=out, stderr=err)
+    return out.getvalue(), err.getvalue()
+
+
+def snapshot() -> list:
+    return list(Resource.objects.order_by("pool", "name").values())
+
+
+def row(name: str, pool: str = POOL) -> Resource:
+    return Resource.objects.get(pool=pool, name=name)
+
+
+def wait_for(path: Path, timeout: float = 10) -> str:
+    deadline = time.monotonic() + timeout
+    while not (path.exists() and path.read_text().endswith("\n")):
+        assert time.monotonic() < deadline, f"{path} not written within {timeout}s"
+        time.sleep(0.05)
+    return path.read_text()
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+# -- progress bar -----------------------------------------------------------------------
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_writes_only_the_final_line_when_not_a_terminal():
+    stream = io.StringIO()
+    with Progress(10, "loading", stream=stream) as bar:
+        bar.advance(4)
+        bar.advance(6)
+    assert stream.getvalue() == f"loading [{'#' * 30}] 100% 10/10\n"
+
+
+def test_progress_redraws_in_place_on_a_terminal_even_through_django_output(monkeypatch):
+    monkeypatch.setattr(Progress, "REDRAW", 0)
+    terminal = Terminal()
+    with Progress(10, "loading", stream=OutputWrapper(terminal), width=10) as bar:
+        bar.advance(4)
+    assert terminal.getvalue() == (
+        "\rloading [          ]   0% 0/10\rloading [####      ]  40% 4/10\rloading [####      ]  40% 4/10\n"
+    )
+
+
+def test_progress_says_when_it_was_interrupted():
+    stream = io.StringIO()
+    with pytest.raises(RuntimeError), Progress(3, stream=stream) as bar:
+        bar.advance()
+        raise RuntimeError
+    assert stream.getvalue().endswith(" 33% 1/3 (interrupted)\n")
+
+
+# -- operator subcommands ---------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_add_is_idempotent_and_sets_data(pool):
+    assert lease("add", POOL, "r3")[0] == "added proxies/r3\n"
+    assert lease("add", POOL, "r3")[0] == "already there: proxies/r3\n"
+    lease("add", POOL, "r3", "--data", '{"url": "http://r3", "n": [1, 2]}')
+    assert row("r3").data == {"url": "http://r3", "n": [1, 2]}
+    assert Resource.objects.filter(pool=POOL).count() == 3
+
+
+@pytest.mark.django_db
+def test_import_reads_names_and_csv_with_json_and_is_idempotent(tmp_path):
+    file = tmp_path / "proxies.csv"
+    file.write_text('# proxies\na\n\nb,{"url": "http://b", "ports": [1, 2]}\n  c ,  \n')
+    out, err = lease("import", POOL, str(file))
+    assert out == "3 added to proxies (0 already there)\n"
+    assert err == f"importing into proxies [{'#' * 30}] 100% 3/3\n"
+    assert {r.name: r.data for r in Pool(POOL).resources()} == {
+        "a": {},
+        "b": {"url": "http://b", "ports": [1, 2]},
+        "c": {},
+    }
+    assert lease("import", POOL, str(file))[0] == "0 added to proxies (3 already there)\n"
+
+
+@pytest.mark.django_db
+def test_list_shows_state_holder_and_expiry_by_the_database_clock(pool, monkeypatch):
+    held = pool.acquire(ttl=100)
+    pool.quarantine("r1" if held.name == "r2" else "r2", seconds=600, reason="banned")
+    # Pretend the server's clock is 50 s behind ours: expiry must follow the server.
+    server = db_now() - timedelta(seconds=50)
+    monkeypatch.setattr(lease_command, "db_now", lambda using=None: server)
+    lines = [line.split() for line in lease("list", POOL)[0].splitlines()]
+    assert lines[0] == ["NAME", "STATE", "HOLDER", "EXPIRES", "IN", "TOKEN", "QUARANTINE"]
+    by_name = {line[0]: line for line in lines[1:]}
+    assert by_name[held.name][1:3] == ["held", held.holder]
+    assert 140 <= int(by_name[held.name][3].rstrip("s")) <= 150
+    other = by_name["r1" if held.name == "r2" else "r2"]
+    assert other[1] == "quarantined" and 640 <= int(other[2].rstrip("s")) <= 650
+    assert other[-4] == "until" and other[-1] == "banned"
+
+
+@pytest.mark.django_db
+def test_list_without_a_pool_shows_every_pool(pool):
+    Pool("accounts").add("alice")
+    lines = [line.split() for line in lease("list")[0].splitlines()]
+    assert lines[0][:2] == ["POOL", "NAME"]
+    assert [line[:3] for line in lines[1:]] == [
+        ["accounts", "alice", "free"],
+        ["proxies", "r1", "free"],
+        ["proxies", "r2", "free"],
+    ]
+
+
+@pytest.mark.django_db
+def test_remove_release_quarantine_unquarantine_and_stats(pool):
+    assert lease("remove", POOL, "r2")[0] == "removed proxies/r2\n"
+    assert not Resource.objects.filter(name="r2").exists()
+
+    pool.acquire(ttl=60)
+    assert lease("release", POOL, "r1")[0] == "released proxies/r1\n"
+    assert row("r1").state_at(db_now()) == Resource.FREE
+    assert lease("release", POOL, "r1")[0] == "proxies/r1 was not held\n"
+
+    assert lease("quarantine", POOL, "r1", "--for", "10m", "--reason", "banned")[0] == (
+        "quarantined proxies/r1 for 600s\n"
+    )
+    r1 = row("r1")
+    assert r1.quarantine_reason == "banned"
+    assert 590 < (r1.quarantined_until - db_now()).total_seconds() <= 600
+    assert json.loads(lease("stats", POOL)[0]) == {"free": 0, "held": 0, "quarantined": 1, "total": 1}
+
+    assert lease("unquarantine", POOL, "r1")[0] == "proxies/r1 is back in service\n"
+    assert lease("unquarantine", POOL, "r1")[0] == "proxies/r1 was not quarantined\n"
+    assert json.loads(lease("stats", POOL)[0]) == {"free": 1, "held": 0, "quarantined": 0, "total": 1}
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["add", POOL, "r3", "--data", "{bad"], "--data is not valid JSON"),
+        (["add", POOL, "n" * 256], "resource name is longer than 255"),
+        (["add", "p" * 101, "r3"], "pool name is longer than 100"),
+        (["remove", POOL, "nope"], "no resource 'nope' in pool 'proxies'"),
+        (["release", POOL, "nope"], "no resource 'nope'"),
+        (["quarantine", POOL, "r1", "--for", "soon"], "not a duration: 'soon'"),
+        (["quarantine", POOL, "r1", "--for", "0"], "duration must be > 0"),
+        (["quarantine", POOL, "nope"], "no resource 'nope'"),
+        (["unquarantine", POOL, "nope"], "no resource 'nope'"),
+        (["list", ""], "pool name must be a non-empty string"),
+        (["list", "nope"], "pool 'nope' has no resources"),
+        (["stats", "nope"], "pool 'nope' has no resources"),
+        (["import", POOL, "/nonexistent/resources.csv"], "cannot read /nonexistent/resources.csv"),
+        (["run", "nope", "--", "true"], "pool 'nope' has no resources"),
+        (["run", POOL, "--ttl", "0", "--", "true"], "ttl must be a number of seconds > 0"),
+        (["run", POOL, "--wait", "-1", "--", "true"], "wait must be a number of seconds >= 0"),
+        (["run", POOL, "--grace", "-1", "--", "true"], "grace must be a number of seconds >= 0"),
+        (["run", POOL], "no command given"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line_and_writes_nothing(pool, args, message):
+    before = snapshot()
+    with pytest.raises(CommandError) as caught:
+        lease(*args)
+    assert caught.value.returncode == 2
+    assert message in str(caught.value) and "\n" not in str(caught.value)
+    assert snapshot() == before
+
+
+@pytest.mark.django_db(transaction=True)
+def test_import_with_a_bad_line_adds_nothing_and_names_the_line(pool, tmp_path, child_env, manage):
+    file = tmp_path / "proxies.csv"
+    file.write_text('new1\nnew2,{"ok": 1}\nnew3,{"broken": \nnew4\n')
+    before = snapshot()
+    argv = [*manage, "lease", "import", POOL, str(file)]
+    done = subprocess.run(argv, env=child_env, capture_output=True, text=True)
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and ", line 3: " in done.stderr
+    assert snapshot() == before
+
+
+@pytest.mark.django_db
+def test_run_exits_75_when_no_resource_is_free_within_wait(pool, tmp_path):
+    pool.acquire(ttl=60)
+    pool.acquire(ttl=60)
+    marker = tmp_path / "ran"
+    with pytest.raises(CommandError) as caught:
+        lease("run", POOL, "--wait", "0.2", "--", "touch", str(marker))
+    assert caught.value.returncode == 75
+    assert "no free resource in pool 'proxies' within 0.2s" in str(caught.value)
+    assert not marker.exists()
+
+
+# -- lease run end to end -----------------------------------------------------------------
+
+CHILD = """
+import json, os, signal, sys, time
+out = sys.argv[1]
+if sys.argv[2] == "ignore-term":
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+elif sys.argv[2] == "report-term":
+    def on_term(signum, frame):
+        open(out + ".term", "w").write("TERM\\n")
+        sys.exit(3)
+    signal.signal(signal.SIGTERM, on_term)
+env = {k: v for k, v in os.environ.items() if k.startswith("LEASE_")}
+open(out, "w").write(json.dumps({"pid": os.getpid(), "env": env, "argv": sys.argv[3:]}) + "\\n")
+if sys.argv[2] == "exit-7":
+    sys.exit(7)
+time.sleep(30)
+"""
+
+
+@pytest.fixture
+def run(child_env, manage, tmp_path):
+    """Start `lease run POOL OPTIONS -- python CHILD OUT MODE ARGS`; kill leftovers at the end."""
+    started: list[subprocess.Popen] = []
+    out = tmp_path / "child.json"
+
+    def start(options: list[str], mode: str, *args: str) -> subprocess.Popen:
+        child = [sys.executable, "-c", CHILD, str(out), mode, *args]
+        argv = [*manage, "lease", "run", POOL, *options, "--", *child]
+        pipe = subprocess.PIPE
+        proc = subprocess.Popen(argv, env=child_env, stdout=pipe, stderr=pipe, text=True)
+        started.append(proc)
+        return proc
+
+    start.out = out
+    yield start
+    # The child first: it holds the pipes that communicate() reads to the end.
+    if out.exists() and out.read_text().endswith("\n"):
+        pid = json.loads(out.read_text())["pid"]
+        if alive(pid):
+            os.kill(pid, signal.SIGKILL)
+    for proc in started:
+        proc.kill()
+        proc.communicate()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_run_passes_the_lease_in_the_environment_and_exits_with_the_child_code(pool, run):
+    proc = run(["--ttl", "30", "--wait", "0"], "exit-7", "--", "x")
+    proc.communicate(timeout=30)
+    assert proc.returncode == 7
+    child = json.loads(run.out.read_text())
+    assert child["argv"] == ["--", "x"]
+    env = child["env"]
+    assert env["LEASE_POOL"] == POOL
+    resource = row(env["LEASE_NAME"])
+    assert env["LEASE_TOKEN"] == str(resource.token) == "1"
+    assert json.loads(env["LEASE_DATA"]) == resource.data
+    assert resource.state_at(db_now()) == Resource.FREE and resource.holder == ""
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("take_away, mode", [("release", "ignore-term"), ("quarantine", "sleep")])
+def test_run_stops_the_child_and_exits_75_when_the_lease_is_lost(pool, run, take_away, mode):
+    proc = run(["--ttl", "1", "--grace", "1"], mode)
+    child = json.loads(wait_for(run.out))
+    name = child["env"]["LEASE_NAME"]
+    assert alive(child["pid"])
+    started = time.monotonic()
+    getattr(pool, take_away)(name)
+    _, stderr = proc.communicate(timeout=15)
+    assert proc.returncode == 75
+    assert time.monotonic() - started < 5
+    # The engine's log may warn first; the command's own message is one line.
+    assert stderr.splitlines()[-1].startswith(f"CommandError: lease on proxies/{name} was lost")
+    assert not alive(child["pid"])
+    expected = Resource.FREE if take_away == "release" else Resource.QUARANTINED
+    assert row(name).state_at(db_now()) == expected
+
+
+@pytest.mark.django_db(transaction=True)
+def test_sigterm_to_run_reaches_the_child_and_the_lease_is_released(pool, run):
+    proc = run(["--ttl", "30"], "report-term")
+    child = json.loads(wait_for(run.out))
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=15)
+    assert proc.returncode == 3
+    assert Path(f"{run.out}.term").read_text() == "TERM\n"
+    assert not alive(child["pid"])
+    assert row(child["env"]["LEASE_NAME"]).state_at(db_now()) == Resource.FREE
