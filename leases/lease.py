@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
 import secrets
 import socket
@@ -47,8 +48,8 @@ def make_holder(holder: str | None = None) -> str:
 
 
 def check_ttl(ttl: Any, what: str = "ttl") -> float:
-    if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not ttl > 0:
-        raise ValueError(f"{what} must be a number of seconds > 0, not {ttl!r}")
+    if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not 0 < ttl < math.inf:
+        raise ValueError(f"{what} must be a finite number of seconds > 0, not {ttl!r}")
     return float(ttl)
 
 

@@ -42,7 +42,7 @@ def check_data(data: Any) -> Any:
 
 
 def check_wait(wait: Any) -> float:
-    if isinstance(wait, bool) or not isinstance(wait, (int, float)) or wait < 0:
+    if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not wait >= 0:  # NaN too
         raise ValueError(f"wait must be a number of seconds >= 0, not {wait!r}")
     return float(wait)
 

@@ -59,10 +59,12 @@ def test_bad_input_is_refused_before_anything_is_written(call, message):
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"ttl": 0}, "ttl must be a number of seconds > 0"),
+        ({"ttl": 0}, "ttl must be a finite number of seconds > 0"),
         ({"ttl": -1}, "ttl must be"),
         ({"ttl": "60"}, "ttl must be"),
         ({"ttl": True}, "ttl must be"),
+        ({"ttl": float("inf")}, "ttl must be a finite number"),
+        ({"wait": float("nan")}, "wait must be"),
         ({"wait": -1}, "wait must be a number of seconds >= 0"),
         ({"holder": ""}, "holder must be a non-empty string"),
         ({"holder": "h" * 250}, "holder is longer than"),

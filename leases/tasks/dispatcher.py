@@ -112,7 +112,7 @@ def check_score(value: str, score: Any) -> float:
 def seconds(value: float | timedelta, what: str) -> float:
     if isinstance(value, timedelta):
         value = value.total_seconds()
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
         raise ValueError(f"{what} must be a number of seconds > 0, not {value!r}")
     return float(value)
 
