@@ -4,7 +4,7 @@ The public names are imported lazily, so that ``leases`` can sit in INSTALLED_AP
 ``from leases import Pool`` works in code that runs after Django is set up.
 """
 from importlib import import_module
-from typing import Any
+from typing import Any, Callable
 
 __version__ = "0.1.0"
 
@@ -27,9 +27,17 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    try:
-        module = _EXPORTS[name]
-    except KeyError:
-        raise AttributeError(f"module 'leases' has no attribute {name!r}") from None
-    return getattr(import_module(module), name)
+def lazy_exports(package: str, exports: dict[str, str]) -> Callable[[str], Any]:
+    """A module `__getattr__` importing `exports` (name -> module) on first use."""
+
+    def __getattr__(name: str) -> Any:
+        try:
+            module = exports[name]
+        except KeyError:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}") from None
+        return getattr(import_module(module), name)
+
+    return __getattr__
+
+
+__getattr__ = lazy_exports("leases", _EXPORTS)

@@ -207,13 +207,18 @@ class Dispatcher:
         """Delete in batches what `select` finds, so no statement holds many row locks."""
         deleted = 0
         while ids := [row[0] for row in self._run(select, (self.name, param, self.batch_size), fetch="all")]:
-
-            def work(cursor: Any, resumed: bool) -> int:
-                cursor.execute(statements(cursor.db, "dispatch").delete + _in(ids), (state, *ids))
-                return cursor.rowcount
-
-            deleted += db.run(work, self.using)
+            deleted += self._run_in("delete", (state,), ids)
         return deleted
+
+    def _run_in(self, key: str, params: tuple, ids: list, more: str = "") -> int:
+        """`key`'s statement + `more`, completed with an IN list of `ids`; the row count."""
+
+        def work(cursor: Any, resumed: bool) -> int:
+            sql = getattr(statements(cursor.db, "dispatch"), key) + more + _in(ids)
+            cursor.execute(sql, (*params, *ids))
+            return cursor.rowcount
+
+        return db.run(work, self.using)
 
     # -- workers ----------------------------------------------------------------------
 
@@ -272,16 +277,8 @@ class Dispatcher:
         check_name(worker, "worker name", WORKER_LENGTH)
         if tasks is None:
             return self._run("done", (self.name, worker))
-        done = 0
-        for chunk in _chunks(list(tasks), self.batch_size):
-
-            def work(cursor: Any, resumed: bool) -> int:
-                sql = statements(cursor.db, "dispatch").done + " AND value IN (" + _in(chunk)
-                cursor.execute(sql, (self.name, worker, *chunk))
-                return cursor.rowcount
-
-            done += db.run(work, self.using)
-        return done
+        chunks = _chunks(list(tasks), self.batch_size)
+        return sum(self._run_in("done", (self.name, worker), chunk, " AND value IN (") for chunk in chunks)
 
     def reclaim(self, stale_after: float | timedelta | None = None) -> int:
         """Return the buckets of workers not seen for `stale_after` seconds to the pool."""

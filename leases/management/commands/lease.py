@@ -12,13 +12,13 @@ import math
 import os
 import signal
 import subprocess
-from pathlib import Path
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from leases import db
 from leases.durations import parse_duration
+from leases.management.lines import bad_line, entries
 from leases.exceptions import NoResourceAvailable, UnknownPool, UnknownResource
 from leases.lease import Heartbeat, Lease
 from leases.models import RESOURCE_NAME_LENGTH, Resource
@@ -66,22 +66,15 @@ def read_resources(path: str) -> dict[str, Any]:
     The data is everything after the first comma (JSON has commas of its own). A name
     listed twice takes its last line.
     """
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise CommandError(f"cannot read {path}: {exc}", returncode=2) from None
     resources: dict[str, Any] = {}
-    for number, line in enumerate(text.splitlines(), 1):
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
+    for number, line in entries(path):
         name, comma, raw = line.partition(",")
         try:
             name = check_name(name.strip(), "resource name", RESOURCE_NAME_LENGTH)
             data = json.loads(raw) if comma and raw.strip() else None
             resources[name] = check_data(data)
         except ValueError as exc:  # json.JSONDecodeError is one
-            raise CommandError(f"{path}, line {number}: {exc}: {line[:80]!r}", returncode=2) from None
+            raise bad_line(path, number, line, exc) from None
     return resources
 
 

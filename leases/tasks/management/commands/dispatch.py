@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from leases import Locked
 from leases.durations import parse_duration
+from leases.management.lines import bad_line, entries
 from leases.progress import Progress
 from leases.tasks import Dispatcher
 from leases.tasks.models import TaskPool
@@ -23,28 +23,17 @@ EX_TEMPFAIL = 75
 
 def read_tasks(path: str) -> dict[str, float]:
     """Parse `value,score` lines (the score after the last comma); say which line is wrong."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise CommandError(f"cannot read {path}: {exc}", returncode=2) from None
     tasks: dict[str, float] = {}
-    for number, line in enumerate(text.splitlines(), 1):
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-
-        def bad(problem: str) -> CommandError:
-            return CommandError(f"{path}, line {number}: {problem}: {line[:80]!r}", returncode=2)
-
+    for number, line in entries(path):
         value, comma, score = line.rpartition(",")
         if not comma or not value.strip():
-            raise bad("expected value,score")
+            raise bad_line(path, number, line, "expected value,score")
         try:
             tasks[value.strip()] = float(score)
         except ValueError:
-            raise bad(f"score {score.strip()!r} is not a number") from None
+            raise bad_line(path, number, line, f"score {score.strip()!r} is not a number") from None
         if not math.isfinite(tasks[value.strip()]):
-            raise bad(f"score {score.strip()!r} is not a finite number")
+            raise bad_line(path, number, line, f"score {score.strip()!r} is not a finite number")
     return tasks
 
 
