@@ -11,10 +11,14 @@ then runs them together for a fixed time. A pair is one acquisition and its rele
   id/token/holder) on a raw DB-API connection: MySQLdb with FOUND_ROWS and autocommit,
   or sqlite3 with the project's busy timeout and WAL.
 
-Raw and api runs alternate (raw, api, raw, api, ...) so both see the same machine state;
-the table reports the median of `--repeat` runs. The database is DATABASE_URL, as for
-the project; the bench migrates it, works on its own pools (``bench-...``) and deletes
-their rows at the end.
+Raw and api runs alternate in an ABBA order (raw, api, api, raw, ...) so both see the
+same machine state and a drift in the background load favours neither; the table reports
+the median of `--repeat` runs of each, and the client CPU time per pair (user + system
+time of the bench processes over the measured window, median of the runs): on a busy
+machine that number moves much less than the pairs per second.
+
+The database is DATABASE_URL, as for the project; the bench migrates it, works on its
+own pools (``bench-...``) and deletes their rows at the end.
 """
 from __future__ import annotations
 
@@ -233,6 +237,7 @@ def child(mode: str, pool: str, wait: float, warmup: float, seconds: float, barr
         loop.timeouts = 0
         barrier.wait(timeout=120)
         pairs = failed = 0
+        cpu_start = time.process_time()
         start = time.monotonic()
         end = start + seconds
         now = start
@@ -243,8 +248,9 @@ def child(mode: str, pool: str, wait: float, warmup: float, seconds: float, barr
                 failed += 1
             now = time.monotonic()
         elapsed = now - start
+        cpu = time.process_time() - cpu_start
         loop.close()
-        queue.put({"pairs": pairs, "failed": failed, "elapsed": elapsed,
+        queue.put({"pairs": pairs, "failed": failed, "elapsed": elapsed, "cpu": cpu,
                    "lost": loop.lost, "timeouts": loop.timeouts})
     except BaseException as exc:  # report instead of hanging the parent
         try:
@@ -275,9 +281,11 @@ def run_once(mode: str, pool: str, procs: int, wait: float, warmup: float, secon
     if errors:
         raise SystemExit(f"{mode} run with {procs} processes failed: {errors[0]}")
     lost = [r["lost"] for r in results]
+    pairs = sum(r["pairs"] for r in results)
     return {
         "pairs_per_s": sum(r["pairs"] / r["elapsed"] for r in results),
-        "pairs": sum(r["pairs"] for r in results),
+        "pairs": pairs,
+        "cpu_us_per_pair": sum(r["cpu"] for r in results) / pairs * 1e6 if pairs else float("nan"),
         "failed": sum(r["failed"] for r in results),
         "timeouts": sum(r["timeouts"] for r in results),
         "lost_claims": None if None in lost else sum(lost),
@@ -308,6 +316,43 @@ def database_version() -> str:
         cur.execute("SELECT VERSION()")
         version = cur.fetchone()[0]
     return f"{'MariaDB' if conn.mysql_is_mariadb else 'MySQL'} {version}"
+
+
+def commit_policy() -> str:
+    """What a commit waits for: with a flush per commit, one process is bound by the disk."""
+    conn = connections["default"]
+    if conn.vendor == "sqlite":
+        with conn.cursor() as cur:
+            cur.execute("PRAGMA journal_mode")
+            mode = cur.fetchone()[0]
+            cur.execute("PRAGMA synchronous")
+            sync = {0: "OFF", 1: "NORMAL", 2: "FULL", 3: "EXTRA"}.get(cur.fetchone()[0], "?")
+        return f"journal_mode={mode}, synchronous={sync}"
+    with conn.cursor() as cur:
+        cur.execute("SELECT @@innodb_flush_log_at_trx_commit")
+        flush = cur.fetchone()[0]
+    meaning = {0: "no log flush at commit", 1: "a log flush to disk per commit",
+               2: "log written, not flushed, per commit"}.get(int(flush), "")
+    return f"innodb_flush_log_at_trx_commit={flush} ({meaning})"
+
+
+def busy_cores(seconds: float = 1.0) -> float | None:
+    """Cores' worth of CPU the whole machine used over `seconds` (Linux /proc/stat), or None."""
+
+    def sample() -> tuple[int, int]:
+        with open("/proc/stat") as f:
+            ticks = [int(v) for v in f.readline().split()[1:]]
+        idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)  # idle + iowait
+        return sum(ticks[:8]), idle
+
+    try:
+        total0, idle0 = sample()
+        time.sleep(seconds)
+        total1, idle1 = sample()
+    except (OSError, ValueError, IndexError):
+        return None
+    total = total1 - total0
+    return (total - (idle1 - idle0)) / total * (os.cpu_count() or 1) if total > 0 else None
 
 
 def median(values: list[float]) -> float:
@@ -346,28 +391,35 @@ def main() -> None:
     Pool(big).add_many((f"r{i:03d}", {"n": i}) for i in range(BIG_POOL))
     Pool(small).add_many((f"r{i:03d}", {"n": i}) for i in range(SMALL_POOL))
     version = database_version()
+    policy = commit_policy()
     cores = os.cpu_count()
 
     configs = [(p, big, 0.0) for p in procs_list]
     if not args.no_contended:
         configs.append((CONTENDED_PROCS, small, WAIT))
 
-    print(f"database: {version} ({vendor_}); pools {big} and {small}", flush=True)
+    print(f"database: {version} ({vendor_}), {policy}; pools {big} and {small}", flush=True)
     sharing = "with each other" if vendor_ == "sqlite" else "with each other and the database server"
+    load_start = os.getloadavg()[0]
+    busy = busy_cores()
+    busy_text = f"{busy:.1f} cores busy over 1 s before the first run, " if busy is not None else ""
     print(f"machine: {cores} cores, so runs with more processes than cores share the CPU {sharing}; "
-          f"load average {os.getloadavg()[0]:.2f} at start (other jobs skew results)", flush=True)
+          f"{busy_text}load average {load_start:.2f} (other jobs skew results)", flush=True)
     print(f"each run: {args.warmup:g}s warm-up, {args.seconds:g}s measured; "
-          f"raw and api interleaved, median of {args.repeat}", flush=True)
+          f"raw and api interleaved (ABBA), median of {args.repeat}", flush=True)
 
     rows = []
     try:
         for procs, pool, wait in configs:
             samples: dict[str, list[dict]] = {"raw": [], "api": []}
-            for _ in range(args.repeat):
-                for mode in ("raw", "api"):
+            for i in range(args.repeat):
+                # ABBA: raw, api, api, raw, ... so a steady drift of the load cancels out
+                for mode in ("raw", "api") if i % 2 == 0 else ("api", "raw"):
                     samples[mode].append(run_once(mode, pool, procs, wait, args.warmup, args.seconds))
             raw = [s["pairs_per_s"] for s in samples["raw"]]
             api = [s["pairs_per_s"] for s in samples["api"]]
+            raw_cpu = [s["cpu_us_per_pair"] for s in samples["raw"]]
+            api_cpu = [s["cpu_us_per_pair"] for s in samples["api"]]
             label = f"{procs}" if pool == big else f"{procs} (pool {SMALL_POOL}, wait {wait:g}s)"
             row = {
                 "procs": procs,
@@ -377,6 +429,8 @@ def main() -> None:
                 "raw_pairs_per_s": median(raw),
                 "api_pairs_per_s": median(api),
                 "ratio": median(api) / median(raw) if median(raw) else float("nan"),
+                "raw_cpu_us_per_pair": median(raw_cpu),
+                "api_cpu_us_per_pair": median(api_cpu),
                 "raw_samples": raw,
                 "api_samples": api,
                 "raw_runs": samples["raw"],
@@ -384,36 +438,43 @@ def main() -> None:
             }
             rows.append(row)
             print(f"  {label}: raw {', '.join(f'{v:.0f}' for v in raw)} | "
-                  f"api {', '.join(f'{v:.0f}' for v in api)} pairs/s", flush=True)
+                  f"api {', '.join(f'{v:.0f}' for v in api)} pairs/s; client cpu/pair "
+                  f"raw {', '.join(f'{v:.0f}' for v in raw_cpu)} | "
+                  f"api {', '.join(f'{v:.0f}' for v in api_cpu)} us", flush=True)
         leftover = still_held(big) + still_held(small)
     finally:
         deleted, _ = Resource.objects.filter(pool__in=[big, small]).delete()
         connections.close_all()
 
-    head = f"{'procs':<24} | {'raw pairs/s':>11} | {'api pairs/s':>11} | {'api/raw':>7} | raw spread | api spread"
+    head = (f"{'procs':<24} | {'raw pairs/s':>11} | {'api pairs/s':>11} | {'api/raw':>7} | "
+            f"raw spread | api spread | raw cpu/pair | api cpu/pair")
     print()
-    print(f"{version}, {cores} cores, {args.seconds:g}s per run, median of {args.repeat}")
+    print(f"{version}, {policy}; {cores} cores, {args.seconds:g}s per run, median of {args.repeat}")
     print(head)
     print("-" * len(head))
     for r in rows:
         print(f"{r['label']:<24} | {r['raw_pairs_per_s']:>11.0f} | {r['api_pairs_per_s']:>11.0f} | "
-              f"{r['ratio']:>7.2f} | {spread(r['raw_samples']):>10} | {spread(r['api_samples']):>10}")
+              f"{r['ratio']:>7.2f} | {spread(r['raw_samples']):>10} | {spread(r['api_samples']):>10} | "
+              f"{r['raw_cpu_us_per_pair']:>9.0f} us | {r['api_cpu_us_per_pair']:>9.0f} us")
+    print("spread: (max - min) / median of the runs; cpu/pair: user + system time of the bench "
+          "processes per pair (the database server's time is not included)")
     for r in rows:
         extra = []
         for mode in ("raw", "api"):
             failed = sum(s["failed"] for s in r[f"{mode}_runs"])
             lost = [s["lost_claims"] for s in r[f"{mode}_runs"]]
             if failed:
-                extra.append(f"{mode}: {failed} acquisitions timed out")
+                extra.append(f"{mode}: {failed} acquisitions found no free resource")
             if None not in lost and sum(lost):
                 extra.append(f"{mode}: {sum(lost)} claims lost a race")
         if extra:
             print(f"  {r['label']}: " + "; ".join(extra))
-    load = os.getloadavg()[0]
-    print(f"load average {load:.2f} at end; {leftover} resources left held; {deleted} bench rows deleted")
-    if cores and load > cores / 2:
-        print(f"note: other jobs were running (load {load:.2f} on {cores} cores): compare the spreads, "
-              "and prefer more --repeat on a quiet machine")
+    print(f"load average {load_start:.2f} at start, {os.getloadavg()[0]:.2f} at end (that one counts the "
+          f"bench's own processes); {leftover} resources left held; {deleted} bench rows deleted")
+    if cores and (busy if busy is not None else load_start) > cores / 4:
+        print(f"note: other jobs were using the machine before the first run ({busy_text}load average "
+              f"{load_start:.2f} on {cores} cores): compare the spreads, and prefer more --repeat on a "
+              "quiet machine")
 
     if args.json:
         out = {
@@ -423,6 +484,9 @@ def main() -> None:
             "seconds": args.seconds,
             "warmup": args.warmup,
             "repeat": args.repeat,
+            "commit_policy": policy,
+            "load_average_at_start": load_start,
+            "busy_cores_at_start": busy,
             "results": rows,
         }
         Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
