@@ -23,3 +23,19 @@ class UnknownResource(LeaseError, LookupError):
 
 class Locked(LeaseError):
     """The lock is held by someone else (and stayed held for as long as we waited)."""
+
+
+class QueueFull(LeaseError):
+    """The queue holds its `max_length` waiting jobs and its policy gave up on this push."""
+
+
+class UnknownHandler(LeaseError, LookupError):
+    """No handler is registered under that name (nor in any installed app's `handlers`)."""
+
+
+class Fail(LeaseError):
+    """Raised by a handler to fail its job now, without the retries it has left."""
+
+
+class WorkerLost(LeaseError):
+    """Recorded as the error of an attempt whose worker stopped heartbeating."""

@@ -6,6 +6,13 @@ from leases import lazy_exports
 
 _EXPORTS = {
     "Dispatcher": "leases.tasks.dispatcher",
+    "push": "leases.tasks.queue",
+    "push_many": "leases.tasks.queue",
+    "handler": "leases.tasks.registry",
+    "Worker": "leases.tasks.worker",
+    "QueueFull": "leases.exceptions",
+    "Fail": "leases.exceptions",
+    "UnknownHandler": "leases.exceptions",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -6,3 +6,6 @@ class TasksConfig(AppConfig):
     label = "leases_tasks"
     verbose_name = "Leases: work"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from . import sql  # noqa: F401 - registers the job queue's statements

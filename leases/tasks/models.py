@@ -76,7 +76,142 @@ class DispatchWorker(models.Model):
             models.UniqueConstraint(fields=["dispatcher", "name"], name="leases_tasks_worker_name")
         ]
         ordering = ["dispatcher", "name"]
-        verbose_name = "worker"
+        verbose_name = "dispatch worker"
 
     def __str__(self) -> str:
         return f"{self.dispatcher}/{self.name}"
+
+
+QUEUE_LENGTH = 100
+JOB_NAME_LENGTH = 200
+#: Dedupe keys; 255 utf8mb4 characters fit an InnoDB unique index.
+KEY_LENGTH = 255
+PRIORITY_RANGE = (-100, 100)
+
+
+class Queue(models.Model):
+    """Settings of one job queue, read by every worker and pusher (cached about a second).
+
+    A row is created the first time a job is pushed to a queue, so the admin lists it.
+    """
+
+    REJECT, WAIT, BUFFER = "reject", "wait", "buffer"
+    WHEN_FULL = [
+        (REJECT, "reject: push raises QueueFull"),
+        (WAIT, "wait: push blocks up to full_timeout, then raises QueueFull"),
+        (BUFFER, "buffer: keep it in the pushing process, retry, drop after full_timeout"),
+    ]
+
+    name = models.CharField(max_length=QUEUE_LENGTH, unique=True)
+    paused = models.BooleanField(default=False, help_text="Workers claim nothing from a paused queue.")
+    max_length = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Jobs waiting before push follows 'when full'; empty for no bound."
+    )
+    when_full = models.CharField(max_length=10, choices=WHEN_FULL, default=REJECT)
+    full_timeout = models.FloatField(
+        default=30.0, help_text="Seconds 'wait' blocks and 'buffer' keeps a job before giving up."
+    )
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Job(models.Model):
+    """One job of the delayed queue. Behaviour lives in `leases.tasks.queue` and `.worker`.
+
+    `pending_key` is the dedupe key while the job waits for its first run and NULL after:
+    its unique index makes "one waiting job per key" structural, and a second push of the
+    key an upsert that only moves `run_at`. `attempt` grows with every claim and fences
+    the outcome: a late finisher whose attempt was recovered and re-run writes nothing.
+    """
+
+    READY, RUNNING, SUCCEEDED, FAILED, DEAD, CANCELLED = range(6)
+    STATUSES = [
+        (READY, "ready"),
+        (RUNNING, "running"),
+        (SUCCEEDED, "succeeded"),
+        (FAILED, "failed"),
+        (DEAD, "dead"),
+        (CANCELLED, "cancelled"),
+    ]
+    FINISHED = (SUCCEEDED, FAILED, DEAD, CANCELLED)
+
+    queue = models.CharField(max_length=QUEUE_LENGTH)
+    name = models.CharField(max_length=JOB_NAME_LENGTH, help_text="Handler name, or the task's module path.")
+    #: '' for a native handler job; otherwise the TASKS alias of a Django Tasks job.
+    backend = models.CharField(max_length=QUEUE_LENGTH, blank=True, default="")
+    payload = models.JSONField(default=dict, blank=True)
+    key = models.CharField(max_length=KEY_LENGTH, db_column="dedupe_key")
+    pending_key = models.CharField(max_length=KEY_LENGTH, null=True, blank=True, unique=True)
+    priority = models.SmallIntegerField(default=0)
+    run_at = models.DateTimeField()
+    status = models.SmallIntegerField(choices=STATUSES, default=READY)
+    attempt = models.PositiveIntegerField(default=0, help_text="Attempts started so far.")
+    max_attempts = models.PositiveIntegerField(default=1)
+    worker = models.CharField(max_length=WORKER_LENGTH, blank=True, default="")
+    expires_at = models.DateTimeField(
+        null=True, blank=True, help_text="Lease of the running attempt; renewed by its worker's heartbeat."
+    )
+    result = models.JSONField(null=True, blank=True)
+    enqueued_at = models.DateTimeField()
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [
+            # The claim: one queue's ready rows, highest priority first, then oldest run_at.
+            # Running rows share the prefix, so recovery and heartbeats scan only those.
+            models.Index(fields=["status", "queue", "-priority", "run_at"], name="leases_job_claim"),
+            # Pruning by age, and keeping the last runs of a key.
+            models.Index(fields=["finished_at"], name="leases_job_finished"),
+            models.Index(fields=["key", "finished_at"], name="leases_job_key"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} #{self.pk}"
+
+
+class JobError(models.Model):
+    """What one failed attempt raised (or that its worker was lost)."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="errors")
+    attempt = models.PositiveIntegerField()
+    exception = models.CharField(max_length=255, help_text="Class path of the exception.")
+    message = models.TextField(blank=True)
+    traceback = models.TextField(blank=True)
+    worker = models.CharField(max_length=WORKER_LENGTH, blank=True)
+    at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["job", "attempt"]
+        verbose_name = "job error"
+
+    def __str__(self) -> str:
+        return f"{self.exception} (attempt {self.attempt})"
+
+
+class Worker(models.Model):
+    """A `leases_worker` process: a row it holds as a lease and renews with its heartbeat.
+
+    Renewing after expiry fails, as for any lease; a worker that finds its lease gone
+    registers again under a new name, since its running jobs may have been recovered.
+    """
+
+    name = models.CharField(max_length=WORKER_LENGTH, unique=True)
+    holder = models.CharField(max_length=WORKER_LENGTH, blank=True)
+    token = models.BigIntegerField(default=1)
+    queues = models.CharField(max_length=1000)
+    concurrency = models.PositiveIntegerField()
+    started_at = models.DateTimeField()
+    heartbeat_at = models.DateTimeField()
+    expires_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["name"]
+        verbose_name = "queue worker"
+
+    def __str__(self) -> str:
+        return self.name

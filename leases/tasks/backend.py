@@ -1,0 +1,2 @@
+def configured_queues():
+    return set()

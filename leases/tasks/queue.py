@@ -1,0 +1,582 @@
+"""The delayed job queue: push jobs, bound queues, prune history, and operators' actions.
+
+A push is one upsert: a job whose key (default: a hash of name and payload) is already
+waiting is not queued twice; it only takes the new run time (the seed's reschedule). The
+run time is the server clock plus the delay, computed in the statement. A push inside a
+transaction is seen by workers when it commits. Workers live in `leases.tasks.worker`.
+"""
+from __future__ import annotations
+
+import atexit
+import hashlib
+import json
+import logging
+import math
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Callable, Iterable, Sequence
+
+from django.conf import settings
+from django.db import connections
+
+from leases import db
+from leases.exceptions import QueueFull
+from leases.sql import statements
+
+from . import registry
+from .models import KEY_LENGTH, PRIORITY_RANGE, QUEUE_LENGTH, Job, Queue
+
+log = logging.getLogger("leases.tasks")
+
+#: Jobs per INSERT statement in push_many.
+BATCH = 1000
+#: Seconds a process trusts its copy of a queue's settings.
+SETTINGS_TTL = 1.0
+#: Finished runs kept per key unless settings.LEASES_KEEP_RUNS says otherwise.
+KEEP_RUNS = 100
+
+
+def _in(values: Sequence) -> str:
+    return ", ".join(["%s"] * len(values)) + ")"
+
+
+def _pairs(count: int) -> str:
+    return " OR ".join(["(id = %s AND attempt = %s)"] * count) + ")"
+
+
+# -- validation -------------------------------------------------------------------------
+
+
+def check_queue(queue: Any) -> str:
+    if not isinstance(queue, str) or not queue.strip() or len(queue) > QUEUE_LENGTH or "," in queue:
+        raise ValueError(f"queue must be a name of 1 to {QUEUE_LENGTH} characters without commas, not {queue!r}")
+    return queue
+
+
+def check_priority(priority: Any) -> int:
+    low, high = PRIORITY_RANGE
+    if isinstance(priority, bool) or not isinstance(priority, int) or not low <= priority <= high:
+        raise ValueError(f"priority must be a whole number from {low} to {high}, not {priority!r}")
+    return priority
+
+
+def check_delay(delay: Any) -> float:
+    if isinstance(delay, timedelta):
+        delay = delay.total_seconds()
+    if isinstance(delay, bool) or not isinstance(delay, (int, float)) or not 0 <= delay < math.inf:
+        raise ValueError(f"delay must be a number of seconds >= 0, not {delay!r}")
+    return float(delay)
+
+
+def check_run_at(run_at: Any) -> datetime:
+    if not isinstance(run_at, datetime) or run_at.tzinfo is None:
+        raise ValueError(f"run_at must be a timezone-aware datetime, not {run_at!r}")
+    return run_at
+
+
+def dump_payload(payload: Any) -> str:
+    """The payload as JSON text; ValueError for anything JSON cannot carry (never pickle)."""
+    try:
+        return json.dumps(payload, allow_nan=False, separators=(",", ":"), sort_keys=True)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"payload must be JSON-serialisable: {exc}") from None
+
+
+def default_key(name: str, payload_json: str) -> str:
+    """The seed's message hash: equal name and payload, equal key."""
+    return hashlib.sha256(f"{name}\n{payload_json}".encode()).hexdigest()
+
+
+def check_key(key: Any) -> str:
+    if not isinstance(key, str) or not key or len(key) > KEY_LENGTH:
+        raise ValueError(f"key must be a non-empty string of at most {KEY_LENGTH} characters")
+    return key
+
+
+@dataclass(frozen=True)
+class NewJob:
+    """A validated job, ready to be written: `delay` seconds from now, or at `run_at`."""
+
+    queue: str
+    name: str
+    payload: str
+    key: str
+    priority: int
+    max_attempts: int
+    delay: float = 0.0
+    run_at: datetime | None = None
+    backend: str = ""
+
+    def params(self, connection: Any) -> list:
+        head = [self.queue, self.name, self.backend, self.payload, self.key, self.key, self.priority]
+        head.append(self.max_attempts)
+        if self.run_at is not None:
+            return head + [db.dialect(connection).stored_datetime(self.run_at)]
+        return head + [db.dialect(connection).seconds(self.delay)]
+
+
+def new_job(
+    name: str,
+    payload: Any = None,
+    *,
+    delay: float | timedelta = 0,
+    run_at: datetime | None = None,
+    queue: str | None = None,
+    priority: int = 0,
+    key: str | None = None,
+    max_attempts: int | None = None,
+) -> NewJob:
+    """Validate one push, raising ValueError/UnknownHandler before anything is written."""
+    spec = registry.get(name)
+    text = dump_payload(payload)
+    delay = check_delay(delay)
+    if run_at is not None:
+        if delay:
+            raise ValueError("give delay or run_at, not both")
+        run_at = check_run_at(run_at)
+    return NewJob(
+        queue=check_queue(spec.queue if queue is None else queue),
+        name=name,
+        payload=text,
+        key=default_key(name, text) if key is None else check_key(key),
+        priority=check_priority(priority),
+        max_attempts=spec.max_attempts if max_attempts is None else registry.check_attempts(max_attempts),
+        delay=delay,
+        run_at=run_at,
+    )
+
+
+# -- queue settings ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class QueueSettings:
+    name: str
+    paused: bool = False
+    max_length: int | None = None
+    when_full: str = Queue.REJECT
+    full_timeout: float = 30.0
+
+
+_settings: dict[tuple[str, str], tuple[float, QueueSettings]] = {}
+_settings_lock = threading.Lock()
+
+
+def queue_settings(name: str, using: str | None = None, create: bool = True) -> QueueSettings:
+    """A queue's settings as of at most SETTINGS_TTL ago; the row is made on first use."""
+    using = db.alias(using)
+    now = time.monotonic()
+    with _settings_lock:
+        cached = _settings.get((using, name))
+    if cached and cached[0] > now:
+        return cached[1]
+    row = Queue.objects.using(using).filter(name=name).values_list(
+        "paused", "max_length", "when_full", "full_timeout"
+    ).first()
+    if row is None and create and not connections[using].in_atomic_block:
+        Queue.objects.using(using).get_or_create(name=name)
+    found = QueueSettings(name, *row) if row else QueueSettings(name)
+    with _settings_lock:
+        _settings[(using, name)] = (now + SETTINGS_TTL, found)
+    return found
+
+
+def all_queues(using: str | None = None) -> dict[str, QueueSettings]:
+    """Every queue with a row (all queues ever pushed to), by name."""
+    rows = Queue.objects.using(db.alias(using)).values_list("name", "paused", "max_length", "when_full", "full_timeout")
+    return {row[0]: QueueSettings(*row) for row in rows}
+
+
+def forget_settings() -> None:
+    """Drop the cached queue settings (after an operator changed them in this process)."""
+    with _settings_lock:
+        _settings.clear()
+
+
+def has_room(queue: QueueSettings, count: int, using: str | None = None) -> bool:
+    """Whether `count` more waiting jobs fit under the queue's max_length.
+
+    Reads at most max_length index entries. Racing pushers may overshoot the bound by
+    the jobs they push at the same moment: the bound is a brake, not a constraint.
+    """
+    if queue.max_length is None:
+        return True
+    offset = queue.max_length - count
+    if offset < 0:
+        return False
+
+    def work(cursor: Any, resumed: bool) -> bool:
+        cursor.execute(statements(cursor.db, "job").full, (queue.name, offset))
+        return cursor.fetchone() is None
+
+    return db.run(work, using)
+
+
+# -- writing jobs -----------------------------------------------------------------------
+
+
+def insert(jobs: Sequence[NewJob], using: str | None = None, fetch_key: str | None = None) -> tuple | None:
+    """Write `jobs` with one upsert; with `fetch_key`, return that job's row in the same
+    transaction (so no worker can claim it in between and hide it)."""
+
+    def work(cursor: Any, resumed: bool) -> tuple | None:
+        st = statements(cursor.db, "job")
+        params: list = []
+        rows = []
+        for job in jobs:
+            rows.append(st.row_at if job.run_at is not None else st.row)
+            params += job.params(cursor.db)
+        with db.write_transaction(cursor.db.alias):
+            cursor.execute(st.insert + ", ".join(rows) + st.insert_tail, params)
+            if fetch_key is None:
+                return None
+            cursor.execute(st.pushed, (fetch_key,))
+            return cursor.fetchone()
+
+    return db.run(work, using)
+
+
+def reschedule(job: NewJob, using: str | None = None) -> bool:
+    """Move the waiting job with this key to the new run time; False if none waits."""
+
+    def work(cursor: Any, resumed: bool) -> bool:
+        st = statements(cursor.db, "job")
+        if job.run_at is not None:
+            cursor.execute(st.reschedule_at, (db.dialect(cursor.db).stored_datetime(job.run_at), job.key))
+        else:
+            cursor.execute(st.reschedule, (db.dialect(cursor.db).seconds(job.delay), job.key))
+        return cursor.rowcount > 0
+
+    return db.run(work, using)
+
+
+def _as_job(job: NewJob, row: tuple, using: str) -> Job:
+    pk, run_at, enqueued_at, queue, priority, max_attempts = row
+    obj = Job(
+        pk=pk,
+        queue=queue,
+        name=job.name,
+        backend=job.backend,
+        payload=json.loads(job.payload),
+        key=job.key,
+        pending_key=job.key,
+        priority=priority,
+        run_at=db.to_datetime(run_at),
+        status=Job.READY,
+        max_attempts=max_attempts,
+        enqueued_at=db.to_datetime(enqueued_at),
+    )
+    obj._state.adding = False
+    obj._state.db = using
+    return obj
+
+
+def submit(job: NewJob, using: str | None = None) -> Job | None:
+    """Write one validated job under its queue's bound; the waiting Job, or None if buffered."""
+    using = db.alias(using)
+    queue = queue_settings(job.queue, using)
+    if not has_room(queue, 1, using) and not reschedule(job, using):
+        if not _when_full(queue, [job], using):
+            return None
+    row = insert([job], using, fetch_key=job.key)
+    return _as_job(job, row, using)
+
+
+def submit_many(jobs: Sequence[NewJob], using: str | None = None) -> int:
+    """Write validated jobs, BATCH per statement; each queue's bound is checked per batch."""
+    using = db.alias(using)
+    written = 0
+    for start in range(0, len(jobs), BATCH):
+        batch = jobs[start : start + BATCH]
+        by_queue: dict[str, int] = {}
+        for job in batch:
+            by_queue[job.queue] = by_queue.get(job.queue, 0) + 1
+        buffered = False
+        for name, count in by_queue.items():
+            queue = queue_settings(name, using)
+            if not has_room(queue, count, using):
+                buffered |= not _when_full(queue, batch, using, count)
+        if buffered:
+            continue
+        insert(batch, using)
+        written += len(batch)
+    return written
+
+
+def _when_full(queue: QueueSettings, jobs: Sequence[NewJob], using: str, count: int = 1) -> bool:
+    """Apply the queue's policy: True when there is room now, False when buffered."""
+    if queue.when_full == Queue.WAIT:
+        deadline = time.monotonic() + queue.full_timeout
+        pause = 0.05
+        while time.monotonic() < deadline:
+            time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+            if has_room(queue, count, using):
+                return True
+            pause = min(pause * 2, 1.0)
+    elif queue.when_full == Queue.BUFFER:
+        _buffer.add(queue, jobs, using, count)
+        return False
+    raise QueueFull(f"queue {queue.name!r} holds its max_length of {queue.max_length} waiting jobs")
+
+
+class _Buffer:
+    """The seed's buffer queue: jobs a full queue refused, kept in this process.
+
+    A daemon thread retries them as room appears and drops (with an error in the log)
+    what is still here after the queue's full_timeout. They live in memory only: a job
+    buffered when the process exits is lost, which `atexit` reports.
+    """
+
+    def __init__(self) -> None:
+        self._items: deque[tuple[float, QueueSettings, Sequence[NewJob], str, int]] = deque()
+        self._lock = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self.dropped = 0
+
+    def add(self, queue: QueueSettings, jobs: Sequence[NewJob], using: str, count: int) -> None:
+        with self._lock:
+            self._items.append((time.monotonic() + queue.full_timeout, queue, list(jobs), using, count))
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="leases-push-buffer", daemon=True)
+                self._thread.start()
+            self._lock.notify_all()
+        log.warning("queue %s is full: %d job(s) buffered in this process", queue.name, len(jobs))
+
+    def __len__(self) -> int:
+        with self._lock:
+            return sum(len(item[2]) for item in self._items)
+
+    def wait_empty(self, timeout: float) -> bool:
+        """Block until the buffer is empty (written or dropped); False on timeout."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            while self._items:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._lock.wait(left)
+        return True
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._lock:
+                    if not self._items:
+                        return
+                    item = self._items[0]
+                if not self._try(item):
+                    time.sleep(0.2)
+        finally:
+            connections.close_all()
+
+    def _try(self, item: tuple) -> bool:
+        deadline, queue, jobs, using, count = item
+        try:
+            room = has_room(queue_settings(queue.name, using), count, using)
+            if room:
+                insert(jobs, using)
+        except Exception:
+            log.exception("buffered push to queue %s failed; will retry", queue.name)
+            room = False
+        if not room and time.monotonic() < deadline:
+            return False
+        if not room:
+            self.dropped += len(jobs)
+            log.error(
+                "dropped %d buffered job(s) of queue %s: still full after %.0fs (first: %s)",
+                len(jobs), queue.name, queue.full_timeout, jobs[0].name,
+            )
+        with self._lock:
+            self._items.popleft()
+            self._lock.notify_all()
+        return True
+
+
+_buffer = _Buffer()
+
+
+@atexit.register
+def _report_buffer() -> None:
+    left = len(_buffer)
+    if left:
+        log.error("exiting with %d buffered job(s) not pushed", left)
+
+
+def buffered() -> int:
+    """Jobs this process holds because their queue was full."""
+    return len(_buffer)
+
+
+def flush_buffer(timeout: float = 30.0) -> bool:
+    """Wait until every buffered job is pushed or dropped; False if some remain."""
+    return _buffer.wait_empty(timeout)
+
+
+# -- the public API ---------------------------------------------------------------------
+
+
+def push(
+    name: str,
+    payload: Any = None,
+    *,
+    delay: float | timedelta = 0,
+    run_at: datetime | None = None,
+    queue: str | None = None,
+    priority: int = 0,
+    key: str | None = None,
+    max_attempts: int | None = None,
+    using: str | None = None,
+) -> Job | None:
+    """Queue a job for the handler `name`, to run `delay` seconds from now (server clock).
+
+    Returns the waiting Job: a new one, or the one already waiting with the same key,
+    moved to the new run time. When the queue is full its `when_full` policy applies:
+    QueueFull, a wait, or (buffer) None while the job waits in this process.
+    """
+    job = new_job(
+        name, payload, delay=delay, run_at=run_at, queue=queue, priority=priority, key=key,
+        max_attempts=max_attempts,
+    )
+    return submit(job, using)
+
+
+def push_many(
+    items: Iterable[tuple[str, Any] | tuple[str, Any, dict]],
+    using: str | None = None,
+) -> int:
+    """Queue many jobs, one INSERT per BATCH: items are (name, payload) or (name, payload,
+    options) with push()'s keyword options. Every item is validated before any is written.
+    Returns the number of jobs written (new or rescheduled); buffered ones are not counted.
+    """
+    jobs = []
+    for index, item in enumerate(items):
+        try:
+            name, payload, *rest = item
+            options = rest[0] if rest else {}
+            jobs.append(new_job(name, payload, **options))
+        except (TypeError, ValueError, LookupError) as exc:
+            raise type(exc)(f"item {index}: {exc}") from None
+    return submit_many(jobs, using)
+
+
+# -- history ----------------------------------------------------------------------------
+
+
+def keep_runs() -> int:
+    value = getattr(settings, "LEASES_KEEP_RUNS", KEEP_RUNS)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"LEASES_KEEP_RUNS must be a whole number >= 1, not {value!r}")
+    return value
+
+
+def _delete(ids: list, using: str | None) -> int:
+    if not ids:
+        return 0
+
+    def work(cursor: Any, resumed: bool) -> int:
+        st = statements(cursor.db, "job")
+        with db.write_transaction(cursor.db.alias):
+            cursor.execute(st.delete_errors + _in(ids), ids)
+            cursor.execute(st.delete + _in(ids), ids)
+            return cursor.rowcount
+
+    return db.run(work, using)
+
+
+def _select_ids(key: str, params: tuple, using: str | None) -> list:
+    def work(cursor: Any, resumed: bool) -> list:
+        cursor.execute(getattr(statements(cursor.db, "job"), key), params)
+        return [row[0] for row in cursor.fetchall()]
+
+    return db.run(work, using)
+
+
+def trim_runs(keys: Iterable[str], keep: int | None = None, using: str | None = None) -> int:
+    """Delete finished runs of each key beyond the newest `keep` (LEASES_KEEP_RUNS)."""
+    keep = keep_runs() if keep is None else keep
+    keys = sorted(set(keys))
+    deleted = 0
+    for start in range(0, len(keys), 500):
+        for key in _crowded(keys[start : start + 500], keep, using):
+            while ids := _select_ids("old_runs", (key, keep), using):
+                deleted += _delete(ids, using)
+    return deleted
+
+
+def _crowded(keys: list[str], keep: int, using: str | None) -> list[str]:
+    """The keys with more than `keep` finished runs: one index lookup per key, one query."""
+
+    def work(cursor: Any, resumed: bool) -> list[str]:
+        st = statements(cursor.db, "job")
+        cursor.execute(st.crowded + _in(keys) + st.crowded_tail, (*keys, keep))
+        return [row[0] for row in cursor.fetchall()]
+
+    return db.run(work, using)
+
+
+def prune(
+    older_than: float,
+    batch_size: int = 1000,
+    using: str | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> int:
+    """Delete jobs finished more than `older_than` seconds ago, in batches; returns the count.
+
+    The cutoff is taken from the server clock once, so the batches agree on it.
+    """
+    from leases.pool import db_now
+
+    cutoff = db.dialect(connections[db.alias(using)]).stored_datetime(
+        db_now(using) - timedelta(seconds=older_than)
+    )
+    deleted = 0
+    while ids := _select_ids("expired", (cutoff, batch_size), using):
+        count = _delete(ids, using)
+        deleted += count
+        if progress:
+            progress(count)
+    return deleted
+
+
+# -- operators' actions -----------------------------------------------------------------
+
+
+def _update_ids(key: str, ids: Sequence[int], using: str | None) -> int:
+    ids = list(ids)
+    if not ids:
+        return 0
+
+    def work(cursor: Any, resumed: bool) -> int:
+        cursor.execute(getattr(statements(cursor.db, "job"), key) + _in(ids), ids)
+        return cursor.rowcount
+
+    return db.run(work, using)
+
+
+def cancel(ids: Sequence[int], using: str | None = None) -> int:
+    """Cancel waiting jobs (running ones are left to finish); returns how many."""
+    return _update_ids("cancel", ids, using)
+
+
+def retry(ids: Sequence[int], using: str | None = None) -> int:
+    """Give failed, dead or cancelled jobs one more attempt, now; returns how many."""
+    return _update_ids("again", ids, using)
+
+
+def discard(ids: Sequence[int], using: str | None = None) -> int:
+    """Delete jobs that are not running, with their errors; returns how many."""
+    ids = list(ids)
+    if not ids:
+        return 0
+
+    def work(cursor: Any, resumed: bool) -> int:
+        st = statements(cursor.db, "job")
+        with db.write_transaction(cursor.db.alias):
+            cursor.execute(st.discard_errors + _in(ids) + ")", ids)
+            cursor.execute(st.discard + _in(ids), ids)
+            return cursor.rowcount
+
+    return db.run(work, using)

@@ -1,0 +1,135 @@
+"""The job queue, as the SQL statements it runs (the dispatcher's live in dispatcher.py).
+
+Status codes are those of `Job`: 0 ready, 1 running, 2 succeeded, 3 failed, 4 dead,
+5 cancelled. Every transition of a running job names the attempt it ends (`id = %s AND
+attempt = %s AND status = 1`), so an attempt that was recovered and run again elsewhere
+cannot overwrite the newer outcome. Lists of ids or (id, attempt) pairs are appended at
+run time, one placeholder per value.
+"""
+from __future__ import annotations
+
+from leases.sql import register
+
+JOB = {
+    # One row per job, completed with "row" or "row_at" per job and then "insert_tail".
+    "insert": (
+        "INSERT INTO {j} (queue, name, backend, payload, dedupe_key, pending_key, priority,"
+        " max_attempts, run_at, status, attempt, worker, enqueued_at) VALUES "
+    ),
+    # A new job: params queue, name, backend, payload, key, key, priority, max_attempts,
+    # then the delay ("row") or an absolute run time ("row_at").
+    "row": "(%s, %s, %s, %s, %s, %s, %s, %s, {later}, 0, 0, '', {now})",
+    "row_at": "(%s, %s, %s, %s, %s, %s, %s, %s, %s, 0, 0, '', {now})",
+    # A waiting job with the same key takes the new run time and nothing else.
+    "insert_tail": " {upsert[pending_key]} run_at = {new[run_at]}",
+    # params: pending key -> the job the push created or moved
+    "pushed": "SELECT id, run_at, enqueued_at, queue, priority, max_attempts FROM {j} WHERE pending_key = %s",
+    # params: delay, pending key: move a waiting job (dedupe when its queue is full)
+    "reschedule": "UPDATE {j} SET run_at = {later} WHERE pending_key = %s",
+    "reschedule_at": "UPDATE {j} SET run_at = %s WHERE pending_key = %s",
+    # Is the queue holding at least n waiting jobs? params: queue, n - 1
+    "full": "SELECT 1 FROM {j} WHERE status = 0 AND queue = %s ORDER BY priority DESC, run_at LIMIT 1 OFFSET %s",
+    # The claim, per queue: an index range scan of ready rows in claim order.
+    "pick": (
+        "SELECT id, priority, run_at, queue, name, backend, payload, attempt, max_attempts, dedupe_key"
+        " FROM {j} WHERE status = 0 AND queue = %s AND run_at <= {now}"
+        " ORDER BY priority DESC, run_at, id LIMIT %s{skip_locked}"
+    ),
+    # params: worker, ttl, then ids
+    "take": (
+        "UPDATE {j} SET status = 1, attempt = attempt + 1, worker = %s, pending_key = NULL,"
+        " started_at = {now}, expires_at = {later} WHERE status = 0 AND id IN ("
+    ),
+    # Without SKIP LOCKED a racing claim may have won some rows. params: worker, then ids
+    "taken": "SELECT id FROM {j} WHERE status = 1 AND worker = %s AND id IN (",
+    # params: result, then (id, attempt) pairs
+    "succeed": (
+        "UPDATE {j} SET status = 2, result = %s, finished_at = {now}, expires_at = NULL"
+        " WHERE status = 1 AND ("
+    ),
+    # params: delay, id, attempt
+    "retry": (
+        "UPDATE {j} SET status = 0, run_at = {later}, worker = '', expires_at = NULL"
+        " WHERE id = %s AND attempt = %s AND status = 1"
+    ),
+    # params: status (failed or dead), id, attempt
+    "bury": (
+        "UPDATE {j} SET status = %s, finished_at = {now}, expires_at = NULL"
+        " WHERE id = %s AND attempt = %s AND status = 1"
+    ),
+    # params: job id, attempt, exception, message, traceback, worker
+    "error": (
+        "INSERT INTO {e} (job_id, attempt, exception, message, traceback, worker, at)"
+        " VALUES (%s, %s, %s, %s, %s, %s, {now})"
+    ),
+    # A worker that shuts down hands its unfinished attempts back; an interrupted attempt
+    # does not use up a try. params: worker, then (id, attempt) pairs
+    "hand_back": (
+        "UPDATE {j} SET status = 0, worker = '', expires_at = NULL, max_attempts = max_attempts + 1"
+        " WHERE status = 1 AND worker = %s AND ("
+    ),
+    # The heartbeat extends the leases of the worker's running attempts. params: ttl, worker
+    "extend": "UPDATE {j} SET expires_at = {later} WHERE status = 1 AND worker = %s",
+    # A worker whose own lease lapsed registers again and keeps the jobs nobody recovered.
+    # params: new worker, old worker
+    "adopt": "UPDATE {j} SET worker = %s WHERE status = 1 AND worker = %s",
+    # Running attempts whose lease lapsed (their worker stopped heartbeating).
+    "lapsed": (
+        "SELECT id, attempt, worker FROM {j} WHERE status = 1 AND expires_at <= {now}"
+        " ORDER BY id LIMIT %s{skip_locked}"
+    ),
+    # Back to ready when attempts remain, else dead. params: id, attempt
+    "recover": (
+        "UPDATE {j} SET status = CASE WHEN attempt >= max_attempts THEN 4 ELSE 0 END,"
+        " finished_at = CASE WHEN attempt >= max_attempts THEN {now} ELSE NULL END,"
+        " worker = '', expires_at = NULL"
+        " WHERE id = %s AND attempt = %s AND status = 1 AND expires_at <= {now}"
+    ),
+    # Finished runs of one key beyond the newest n. params: key, n
+    "old_runs": (
+        "SELECT id FROM {j} WHERE dedupe_key = %s AND finished_at IS NOT NULL"
+        " ORDER BY finished_at DESC, id DESC LIMIT 1000 OFFSET %s"
+    ),
+    # Which of these keys have more than n finished runs? Completed with the keys, then
+    # "crowded_tail" (param n).
+    "crowded": "SELECT dedupe_key FROM {j} WHERE finished_at IS NOT NULL AND dedupe_key IN (",
+    "crowded_tail": " GROUP BY dedupe_key HAVING COUNT(*) > %s",
+    # params: cutoff, batch size
+    "expired": "SELECT id FROM {j} WHERE finished_at < %s ORDER BY finished_at LIMIT %s",
+    "delete_errors": "DELETE FROM {e} WHERE job_id IN (",
+    "delete": "DELETE FROM {j} WHERE finished_at IS NOT NULL AND id IN (",
+    # Operator actions. params: ids
+    "cancel": (
+        "UPDATE {j} SET status = 5, pending_key = NULL, finished_at = {now}"
+        " WHERE status = 0 AND id IN ("
+    ),
+    # One more try for a finished job that did not succeed.
+    "again": (
+        "UPDATE {j} SET status = 0, run_at = {now}, max_attempts = attempt + 1, finished_at = NULL,"
+        " worker = '', result = NULL WHERE status IN (3, 4, 5) AND id IN ("
+    ),
+    "discard_errors": "DELETE FROM {e} WHERE job_id IN (SELECT id FROM {j} WHERE status <> 1 AND id IN (",
+    "discard": "DELETE FROM {j} WHERE status <> 1 AND id IN (",
+}
+
+# The worker's process row is a lease, with the protocol of leases.sql (kind "worker").
+WORKER = {
+    # params: name, holder, queues, concurrency, ttl
+    "register": (
+        "INSERT INTO {w} (name, holder, token, queues, concurrency, started_at, heartbeat_at, expires_at)"
+        " VALUES (%s, %s, 1, %s, %s, {now}, {now}, {later})"
+    ),
+    "registered": "SELECT id, {now} FROM {w} WHERE name = %s",
+    # params: ttl, id, token, holder
+    "renew": (
+        "UPDATE {w} SET expires_at = {later}, heartbeat_at = {now}"
+        " WHERE id = %s AND token = %s AND holder = %s AND expires_at > {now}"
+    ),
+    # params: id, token, holder
+    "release": "UPDATE {w} SET expires_at = {now}, holder = '' WHERE id = %s AND token = %s AND holder = %s",
+    # Rows of workers gone for a day are forgotten. params: -seconds
+    "forget": "DELETE FROM {w} WHERE expires_at < {later}",
+}
+
+register("job", JOB, {"j": "leases_tasks.Job", "e": "leases_tasks.JobError"})
+register("worker", WORKER, {"w": "leases_tasks.Worker"})
