@@ -274,6 +274,7 @@ class Worker:
                     time.sleep(1.0)
             if self.running:
                 self.hand_back()
+            self.trim()
         finally:
             self._shutdown(threads)
         return self.stats

@@ -1,0 +1,39 @@
+"""`manage.py leases_prune --older-than 7d`: delete finished jobs (and their errors) in batches.
+
+Ready and running jobs are never touched. Exit 2 on a bad duration or batch size.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from leases.durations import parse_duration
+from leases.tasks.queue import prune
+
+
+class Command(BaseCommand):
+    help = "Delete jobs that finished (succeeded, failed, dead, cancelled) longer ago than --older-than."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--older-than", required=True, help="e.g. 12h, 7d (finished before now minus this)")
+        parser.add_argument("--batch-size", type=int, default=1000, help="jobs deleted per transaction (default 1000)")
+
+    def handle(self, *args: Any, older_than: str, batch_size: int, **options: Any) -> None:
+        try:
+            seconds = parse_duration(older_than)
+        except ValueError as exc:
+            raise CommandError(f"--older-than: {exc}", returncode=2) from None
+        if batch_size < 1:
+            raise CommandError("--batch-size must be at least 1", returncode=2)
+        total = 0
+
+        def progress(count: int) -> None:
+            nonlocal total
+            total += count
+            if options["verbosity"] > 1:
+                self.stderr.write(f"deleted {total} jobs so far")
+
+        deleted = prune(seconds, batch_size=batch_size, progress=progress)
+        if options["verbosity"] > 0:
+            self.stdout.write(f"deleted {deleted} finished jobs older than {older_than}")
