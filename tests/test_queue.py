@@ -343,3 +343,21 @@ def test_only_the_last_runs_of_a_key_are_kept(settings):
     kept = list(Job.objects.filter(key="nightly").order_by("pk").values_list("payload", flat=True))
     assert kept == [{"n": 2}, {"n": 3}, {"n": 4}]
     assert Job.objects.filter(key="other").count() == 1
+
+
+def test_the_claim_is_an_index_range_scan_beside_finished_rows():
+    if connection.vendor != "mysql":
+        pytest.skip("EXPLAIN checked on MySQL/MariaDB")
+    push_many([("noop", {"n": i}) for i in range(5000)])
+    Job.objects.update(status=SUCCEEDED, finished_at=db_now(), pending_key=None)
+    push_many([("noop", {"n": i}) for i in range(50)])
+    from leases.sql import statements
+
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE TABLE leases_tasks_job")
+        cursor.fetchall()
+        cursor.execute("EXPLAIN " + statements(connection, "job").pick, ["default", 10])
+        columns = [c[0] for c in cursor.description]
+        plan = dict(zip(columns, cursor.fetchone()))
+    assert plan["key"] == "leases_job_claim", plan
+    assert "filesort" not in (plan["Extra"] or ""), plan
