@@ -240,6 +240,12 @@ def skip_locked(connection: BaseDatabaseWrapper) -> str:
     return " FOR UPDATE SKIP LOCKED" if connection.features.has_select_for_update_skip_locked else ""
 
 
+def for_update(connection: BaseDatabaseWrapper) -> str:
+    """Suffix of a SELECT whose rows the transaction will change: lock them where there
+    are row locks (SQLite's immediate transaction already excludes other writers)."""
+    return " FOR UPDATE" if connection.features.has_select_for_update else ""
+
+
 @contextmanager
 def write_transaction(using: str | None = None) -> Iterator[None]:
     """A transaction that will write: on SQLite it takes the write lock at BEGIN.

@@ -1,6 +1,7 @@
 """State of the work dispatcher. Behaviour lives in `leases.tasks.dispatcher`."""
 from __future__ import annotations
 
+from django.core.validators import MinValueValidator
 from django.db import models
 
 NAME_LENGTH = 100
@@ -109,7 +110,7 @@ class Queue(models.Model):
     )
     when_full = models.CharField(max_length=10, choices=WHEN_FULL, default=REJECT)
     full_timeout = models.FloatField(
-        default=30.0, help_text="Seconds 'wait' blocks and 'buffer' keeps a job before giving up."
+        default=30.0, validators=[MinValueValidator(0.0)], help_text="Seconds 'wait' blocks and 'buffer' keeps a job before giving up."
     )
 
     class Meta:

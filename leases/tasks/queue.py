@@ -545,15 +545,20 @@ def prune(
 
 
 def _update_ids(key: str, ids: Sequence[int], using: str | None) -> int:
-    ids = list(ids)
-    if not ids:
-        return 0
+    changed = 0
+    for chunk in _chunks(list(ids)):
 
-    def work(cursor: Any, resumed: bool) -> int:
-        cursor.execute(getattr(statements(cursor.db, "job"), key) + _in(ids), ids)
-        return cursor.rowcount
+        def work(cursor: Any, resumed: bool) -> int:
+            cursor.execute(getattr(statements(cursor.db, "job"), key) + _in(chunk), chunk)
+            return cursor.rowcount
 
-    return db.run(work, using)
+        changed += db.run(work, using)
+    return changed
+
+
+def _chunks(ids: list, size: int = 500) -> Iterable[list]:
+    for start in range(0, len(ids), size):
+        yield ids[start : start + size]
 
 
 def cancel(ids: Sequence[int], using: str | None = None) -> int:
@@ -567,16 +572,24 @@ def retry(ids: Sequence[int], using: str | None = None) -> int:
 
 
 def discard(ids: Sequence[int], using: str | None = None) -> int:
-    """Delete jobs that are not running, with their errors; returns how many."""
-    ids = list(ids)
-    if not ids:
-        return 0
+    """Delete jobs that are not running, with their errors; returns how many.
 
-    def work(cursor: Any, resumed: bool) -> int:
-        st = statements(cursor.db, "job")
-        with db.write_transaction(cursor.db.alias):
-            cursor.execute(st.discard_errors + _in(ids) + ")", ids)
-            cursor.execute(st.discard + _in(ids), ids)
-            return cursor.rowcount
+    The deletable rows are locked first, so a job a worker claims meanwhile keeps its
+    error history along with its row.
+    """
+    deleted = 0
+    for chunk in _chunks(list(ids)):
 
-    return db.run(work, using)
+        def work(cursor: Any, resumed: bool) -> int:
+            st = statements(cursor.db, "job")
+            with db.write_transaction(cursor.db.alias):
+                cursor.execute(st.discardable + _in(chunk) + db.for_update(cursor.db), chunk)
+                doomed = [row[0] for row in cursor.fetchall()]
+                if not doomed:
+                    return 0
+                cursor.execute(st.delete_errors + _in(doomed), doomed)
+                cursor.execute(st.discard + _in(doomed), doomed)
+                return cursor.rowcount
+
+        deleted += db.run(work, using)
+    return deleted

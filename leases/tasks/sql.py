@@ -108,7 +108,7 @@ JOB = {
         "UPDATE {j} SET status = 0, run_at = {now}, max_attempts = attempt + 1, finished_at = NULL,"
         " worker = '', result = NULL WHERE status IN (3, 4, 5) AND id IN ("
     ),
-    "discard_errors": "DELETE FROM {e} WHERE job_id IN (SELECT id FROM {j} WHERE status <> 1 AND id IN (",
+    "discardable": "SELECT id FROM {j} WHERE status <> 1 AND id IN (",
     "discard": "DELETE FROM {j} WHERE status <> 1 AND id IN (",
 }
 
