@@ -6,7 +6,7 @@ PYTHON ?= python3
 PY     := $(VENV)/bin/python
 USES_MYSQL := $(findstring mysql,$(firstword $(subst :, ,$(DATABASE_URL))))
 
-.PHONY: venv demo test bench clean
+.PHONY: venv demo test bench bench-queue clean
 
 $(VENV)/.installed: requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,14 @@ test: venv
 
 bench: venv
 	$(PY) bench/leases.py
+
+$(VENV)/.bench: $(VENV)/.installed requirements-bench.txt
+	$(PY) -m pip install -q -r requirements-bench.txt
+	touch $@
+
+# The job queue bench, on its own database: MariaDB unless BENCH_ARGS="--database sqlite".
+bench-queue: $(VENV)/.bench $(if $(findstring sqlite,$(BENCH_ARGS)),,$(VENV)/.mysql)
+	$(PY) bench/queue.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) db.sqlite3* test_db.sqlite3*
