@@ -84,6 +84,16 @@ def _database(url: str) -> dict:
 
 DATABASES = {"default": _database(env("DATABASE_URL", default="sqlite:///db.sqlite3"))}
 
+# Django's Tasks framework (django.tasks, or the django-tasks backport on Django 5.2) on
+# the leases job queue: `manage.py leases_worker` runs these tasks beside native jobs.
+TASKS = {
+    "default": {
+        "BACKEND": "leases.tasks.backend.DatabaseBackend",
+        "QUEUES": ["default", "tasks"],
+        "OPTIONS": {"max_attempts": 3, "backoff": 1.0},
+    }
+}
+
 AUTH_PASSWORD_VALIDATORS = []
 
 LANGUAGE_CODE = "en-us"

@@ -22,6 +22,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
+from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, close_old_connections, connections
 
 from leases import db
@@ -99,7 +100,7 @@ def execute(job: ClaimedJob) -> Outcome:
     close_old_connections()
     try:
         spec = handler_for(job)
-    except (UnknownHandler, ImportError, ValueError) as exc:
+    except (UnknownHandler, ImportError, ValueError, ImproperlyConfigured) as exc:
         return _failed(job, exc, retryable=False, delay=0.0)
     try:
         value = spec.run(job)
@@ -537,8 +538,8 @@ class Worker:
                     cursor.execute(st.recover, (job_id, attempt))
                     if cursor.rowcount == 1:
                         recovered += 1
-                        message = f"worker {worker} stopped heartbeating during attempt {attempt}"
-                        cursor.execute(st.error, (job_id, attempt, _class_path(WorkerLost()), message, "", self.name))
+                        message = f"worker {worker} stopped heartbeating; recovered by {self.name}"
+                        cursor.execute(st.error, (job_id, attempt, _class_path(WorkerLost()), message, "", worker))
                 cursor.execute(statements(cursor.db, "worker").forget, (db.dialect(cursor.db).seconds(-FORGET_AFTER),))
             return recovered
 
