@@ -81,6 +81,7 @@ def test_recreate_leaves_out_bucketed_tasks_and_replaces_the_pool(d):
 def test_a_task_done_while_the_rebuild_reads_its_source_is_not_listed_again(d):
     d.assign_tasks(2, "w1")  # t0, t1
     d.tasks_done("w1", ["t0"])  # done before the rebuild: listing it again re-queues it
+    time.sleep(0.005)  # SQLite's clock ticks in ms: "before" must be a distinct instant
 
     def source():
         snapshot = {f"t{i}": float(i) for i in range(10)}  # still lists t1 ...
