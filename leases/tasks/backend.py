@@ -29,7 +29,8 @@ try:  # Django 6.x
     from django.tasks import TaskContext, TaskResult, TaskResultStatus, task_backends
     from django.tasks.backends.base import BaseTaskBackend
     from django.tasks.base import Task, TaskError
-    from django.tasks.exceptions import InvalidTaskError, TaskResultDoesNotExist
+    from django.tasks.exceptions import InvalidTask as InvalidTaskError
+    from django.tasks.exceptions import TaskResultDoesNotExist
     from django.tasks.signals import task_enqueued, task_finished, task_started
 except ImportError:  # Django 5.2 with the backport
     from django_tasks import TaskContext, TaskResult, TaskResultStatus, task_backends

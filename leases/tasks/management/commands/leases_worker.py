@@ -27,9 +27,11 @@ def _positive(text: str) -> float:
 
 def known_queues(using: str | None = None) -> set[str]:
     """Queues a worker may name: those with a row, a handler's, or a Tasks backend's."""
-    from leases.tasks.backend import configured_queues
-
     names = set(jobqueue.all_queues(using)) | {spec.queue for spec in registry.registered().values()}
+    try:
+        from leases.tasks.backend import configured_queues
+    except ImportError:  # no Tasks framework installed: native jobs only
+        return names
     return names | configured_queues()
 
 
