@@ -6,7 +6,9 @@ and random order. Expiry is always computed inside the statement by the server, 
 by the client, so a client with a wrong clock can neither steal nor lose a lease.
 
 `run()` wraps one short unit of work: it retries deadlocks, lock-wait timeouts and
-SQLite's "database is locked" with jittered backoff, and reopens a dropped connection.
+SQLite's "database is locked" with jittered backoff, reopens a dropped connection, and
+waits out a refused one for a few seconds. Anything longer reaches the caller as
+Django's OperationalError; `transient()` tells such an outage from a real error.
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ from typing import Any, Callable, Iterator, TypeVar
 from django.conf import settings
 from django.core.signals import setting_changed
 from django.dispatch import receiver
-from django.db import OperationalError, connections, transaction
+from django.db import InterfaceError, OperationalError, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 log = logging.getLogger("leases.db")
@@ -31,8 +33,12 @@ log = logging.getLogger("leases.db")
 T = TypeVar("T")
 
 # MySQL/MariaDB error numbers (first element of the driver's exception args).
-_RETRY_CODES = {1205, 1213}  # lock wait timeout, deadlock
-_RECONNECT_CODES = {2006, 2013, 2055, 4031}  # server gone, lost connection, idle disconnect
+_RETRY_CODES = {1205, 1213}  # lock wait timeout, deadlock (and Galera's certification failure)
+# The connection died under a statement: server gone, lost connection (a read timeout
+# too), idle disconnect, killed, server shutting down.
+_RECONNECT_CODES = {2006, 2013, 2055, 4031, 1927, 1053}
+# No connection could be made: refused, no socket, unknown host, too many connections.
+_UNREACHABLE_CODES = {2002, 2003, 2005, 1040}
 
 
 @dataclass(frozen=True)
@@ -129,15 +135,27 @@ def to_datetime(value: Any) -> datetime:
     return value
 
 
-def _kind(exc: OperationalError) -> str | None:
+def _kind(exc: BaseException) -> str | None:
+    """retry (same connection), reconnect (it died mid-statement), unreachable, or None."""
+    if not isinstance(exc, (OperationalError, InterfaceError)):
+        return None
     code = exc.args[0] if exc.args else None
     if code in _RETRY_CODES:
         return "retry"
     if code in _RECONNECT_CODES:
         return "reconnect"
+    if code in _UNREACHABLE_CODES:
+        return "unreachable"
+    if isinstance(exc, InterfaceError):  # the driver's "(0, '')": a connection already closed
+        return "reconnect"
     if "database is locked" in str(exc) or "database table is locked" in str(exc):
         return "retry"
     return None
+
+
+def transient(exc: BaseException) -> bool:
+    """Whether `exc` is an outage or a lost race (worth waiting out), not a wrong statement."""
+    return _kind(exc) is not None
 
 
 def backoff(attempt: int, base: float = 0.02, cap: float = 1.0) -> float:
@@ -176,10 +194,12 @@ class Cursor:
             self._cursor.execute(self._convert(sql), tuple(params))
 
     def fetchone(self) -> Any:
-        return self._cursor.fetchone()
+        with self.db.wrap_database_errors:  # sqlite3 steps the statement while fetching
+            return self._cursor.fetchone()
 
     def fetchall(self) -> list:
-        return list(self._cursor.fetchall())
+        with self.db.wrap_database_errors:
+            return list(self._cursor.fetchall())
 
     @property
     def rowcount(self) -> int:
@@ -190,7 +210,12 @@ class Cursor:
         return self._cursor.lastrowid
 
     def close(self) -> None:
-        self._cursor.close()
+        """Close quietly: after a failed statement or COMMIT the driver's close raises an
+        error of its own (untranslated), which must never replace the one that matters."""
+        try:
+            self._cursor.close()
+        except Exception:  # noqa: BLE001 - the connection is closed or reopened by run()
+            log.debug("closing a cursor failed", exc_info=True)
 
 
 def run(
@@ -202,28 +227,43 @@ def run(
 
     `resumed` is true when an earlier attempt died with the connection, so its outcome is
     unknown: the statement may have committed. Work that is not idempotent checks first.
-    Inside a caller's transaction nothing is retried: the transaction is already lost.
+    A refused connection is retried with longer pauses (4 to 7 s in all) than a lost
+    race. Inside a caller's transaction nothing is retried: the transaction is already lost.
     """
     connection = connections[alias(using)]
     resumed = False
     for attempt in range(attempts):
+        sent = False
         try:
             connection.ensure_connection()
             cursor = Cursor(connection)
             try:
+                sent = True
                 return work(cursor, resumed)
             finally:
                 cursor.close()
-        except OperationalError as exc:
+        except (OperationalError, InterfaceError) as exc:
             kind = _kind(exc)
             if kind is None or connection.in_atomic_block or attempt == attempts - 1:
                 raise
-            log.info("transient database error (%s), attempt %d: %s", kind, attempt + 1, exc)
-            if kind == "reconnect":
-                connection.close()
-                resumed = True
-            time.sleep(backoff(attempt))
+            log.info("transient database error (%s), attempt %d of %d: %s", kind, attempt + 1, attempts, exc)
+            if kind != "retry":
+                _close(connection)
+                resumed = resumed or (sent and kind == "reconnect")
+            if kind == "unreachable":  # a server restarting: pause longer, never next to nothing
+                step = min(2.0, 0.1 * 2**attempt)
+                time.sleep(step / 2 + random.uniform(0, step / 2))
+            else:
+                time.sleep(backoff(attempt))
     raise AssertionError("unreachable")
+
+
+def _close(connection: BaseDatabaseWrapper) -> None:
+    """Drop a connection that died; closing it may fail too, and that is no news."""
+    try:
+        connection.close()
+    except Exception:  # noqa: BLE001 - Django forgets the connection either way
+        log.debug("closing a dead connection failed", exc_info=True)
 
 
 def table(model: Any, connection: BaseDatabaseWrapper) -> str:

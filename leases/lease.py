@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import logging
-import math
 import os
 import secrets
 import socket
@@ -18,6 +17,7 @@ from . import db
 from .exceptions import LeaseLost
 from .models import HOLDER_LENGTH
 from .sql import statements
+from .validation import check_ttl
 
 log = logging.getLogger("leases")
 
@@ -45,12 +45,6 @@ def make_holder(holder: str | None = None) -> str:
     if len(holder) > HOLDER_LENGTH - _SUFFIX_LENGTH:
         raise ValueError(f"holder is longer than {HOLDER_LENGTH - _SUFFIX_LENGTH} characters")
     return f"{holder}:{secrets.token_hex(4)}"
-
-
-def check_ttl(ttl: Any, what: str = "ttl") -> float:
-    if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not 0 < ttl < math.inf:
-        raise ValueError(f"{what} must be a finite number of seconds > 0, not {ttl!r}")
-    return float(ttl)
 
 
 class Hold:

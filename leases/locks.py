@@ -17,10 +17,10 @@ from django.db import IntegrityError
 
 from . import db
 from .exceptions import Locked
-from .lease import Hold, check_ttl, make_holder
+from .lease import Hold, make_holder
 from .models import Lock
-from .pool import check_name, check_wait
 from .sql import statements
+from .validation import check_name, check_ttl, check_wait
 
 F = TypeVar("F", bound=Callable[..., Any])
 

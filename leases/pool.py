@@ -12,9 +12,10 @@ from django.db import connections, transaction
 
 from . import db
 from .exceptions import NoResourceAvailable, UnknownPool, UnknownResource
-from .lease import Heartbeat, Lease, check_ttl, make_holder
+from .lease import Heartbeat, Lease, make_holder
 from .models import POOL_NAME_LENGTH, RESOURCE_NAME_LENGTH, Resource
 from .sql import statements
+from .validation import check_name, check_ttl, check_wait, dump_json
 
 log = logging.getLogger("leases")
 
@@ -24,27 +25,10 @@ CANDIDATES = 5
 ROUNDS = 3
 
 
-def check_name(value: Any, what: str, max_length: int) -> str:
-    if not isinstance(value, str) or not value.strip():
-        raise ValueError(f"{what} must be a non-empty string")
-    if len(value) > max_length:
-        raise ValueError(f"{what} is longer than {max_length} characters: {value[:40]!r}...")
-    return value
-
-
 def check_data(data: Any) -> Any:
-    """JSON only: refuse what would not round-trip, before anything is written."""
-    try:
-        json.dumps(data, allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"data must be JSON-serialisable: {exc}") from None
+    """JSON only, and storable as it is: refuse it before anything is written."""
+    dump_json(data, "data")
     return data
-
-
-def check_wait(wait: Any) -> float:
-    if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not wait >= 0:  # NaN too
-        raise ValueError(f"wait must be a number of seconds >= 0, not {wait!r}")
-    return float(wait)
 
 
 def db_now(using: str | None = None) -> datetime:

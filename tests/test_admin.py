@@ -72,8 +72,8 @@ def world():
     proxies.add("held", data={"url": "http://h"})
     lease = proxies.acquire(ttl=600, holder="worker-7")  # the only resource so far
     proxies.add("free", data={"url": "http://f"})
-    proxies.acquire(ttl=0.05, holder="gone")  # expires, leaving its holder in the row
-    time.sleep(0.1)
+    proxies.acquire(ttl=0.1, holder="gone")  # expires, leaving its holder in the row
+    time.sleep(0.15)
     proxies.add("quarantined")
     proxies.quarantine("quarantined", 3600, reason="banned by target")
     Pool("accounts").add("alice", data={"login": "alice"})
@@ -281,7 +281,7 @@ def test_lock_changelist_shows_owner_and_expiry_and_breaks_locks(admin_client):
     from leases.models import Lock
 
     held = acquire_lock("rebuild:crawl", ttl=120)
-    acquire_lock("old", ttl=0.01).release()
+    acquire_lock("old", ttl=0.1).release()
     page = admin_client.get("/admin/leases/lock/").content.decode()
     assert "rebuild:crawl" in page and held.holder in page
     assert ">119<" in page or ">120<" in page

@@ -195,7 +195,7 @@ def test_remove_release_quarantine_unquarantine_and_stats(pool):
         (["import", POOL, "/nonexistent/resources.csv"], "cannot read /nonexistent/resources.csv"),
         (["run", "nope", "--", "true"], "pool 'nope' has no resources"),
         (["run", POOL, "--ttl", "0", "--", "true"], "ttl must be a finite number of seconds > 0"),
-        (["run", POOL, "--wait", "-1", "--", "true"], "wait must be a number of seconds >= 0"),
+        (["run", POOL, "--wait", "-1", "--", "true"], "wait must be a finite number of seconds >= 0"),
         (["run", POOL, "--grace", "-1", "--", "true"], "grace must be a number of seconds >= 0"),
         (["run", POOL], "no command given"),
     ],

@@ -161,7 +161,7 @@ def test_a_bad_mapping_writes_nothing(d, mapping, message):
         (lambda: Dispatcher("crawl").assign_tasks(5, ""), "worker name must be a non-empty string"),
         (lambda: Dispatcher("crawl").assign_tasks(5, "w" * 256), "worker name is longer than 255"),
         (lambda: Dispatcher("crawl").tasks_done(""), "worker name must be"),
-        (lambda: Dispatcher("crawl").reclaim(0), "stale_after must be a number of seconds > 0"),
+        (lambda: Dispatcher("crawl").reclaim(0), "stale_after must be a finite number of seconds > 0"),
     ],
 )
 def test_bad_arguments_are_refused(d, call, message):

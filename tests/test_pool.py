@@ -65,7 +65,7 @@ def test_bad_input_is_refused_before_anything_is_written(call, message):
         ({"ttl": True}, "ttl must be"),
         ({"ttl": float("inf")}, "ttl must be a finite number"),
         ({"wait": float("nan")}, "wait must be"),
-        ({"wait": -1}, "wait must be a number of seconds >= 0"),
+        ({"wait": -1}, "wait must be a finite number of seconds >= 0"),
         ({"holder": ""}, "holder must be a non-empty string"),
         ({"holder": "h" * 250}, "holder is longer than"),
     ],

@@ -24,8 +24,8 @@ from django.db.models import Count
 
 from leases import db
 from leases.locks import lock
-from leases.pool import check_name
 from leases.sql import register, statements
+from leases.validation import check_name, check_seconds
 
 from .models import NAME_LENGTH, VALUE_LENGTH, WORKER_LENGTH, DispatchWorker, PoolTask, TaskPool
 
@@ -110,11 +110,7 @@ def check_score(value: str, score: Any) -> float:
 
 
 def seconds(value: float | timedelta, what: str) -> float:
-    if isinstance(value, timedelta):
-        value = value.total_seconds()
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
-        raise ValueError(f"{what} must be a number of seconds > 0, not {value!r}")
-    return float(value)
+    return check_seconds(value, what, above=True)
 
 
 class Dispatcher:

@@ -22,7 +22,8 @@ from leases.management.lines import bad_line, entries
 from leases.exceptions import NoResourceAvailable, UnknownPool, UnknownResource
 from leases.lease import Heartbeat, Lease
 from leases.models import RESOURCE_NAME_LENGTH, Resource
-from leases.pool import Pool, check_data, check_name, db_now
+from leases.pool import Pool, check_data, db_now
+from leases.validation import check_name
 from leases.progress import Progress
 
 EX_TEMPFAIL = 75
