@@ -1,6 +1,6 @@
 """System checks for settings the engine's SQL depends on."""
 from django.conf import settings
-from django.core.checks import Error, register
+from django.core.checks import Error, Warning, register
 from django.db import connections
 
 from . import db
@@ -22,6 +22,16 @@ def check_database(app_configs, **kwargs):
     if not db.supported(connection.vendor):
         errors.append(
             Error(f"django-leases supports MySQL/MariaDB and SQLite, not {connection.vendor}.", id="leases.E003")
+        )
+    options = connection.settings_dict.get("OPTIONS") or {}
+    if connection.vendor == "mysql" and not options.get("read_timeout"):
+        errors.append(
+            Warning(
+                f"DATABASES[{alias!r}]['OPTIONS'] sets no read_timeout: a stalled database server "
+                "hangs workers and heartbeats until it wakes up.",
+                hint="Set connect_timeout, read_timeout and write_timeout (e.g. 5, 30, 30 seconds).",
+                id="leases.W001",
+            )
         )
     if connection.settings_dict.get("TIME_ZONE") not in (None, "UTC"):
         errors.append(

@@ -77,7 +77,14 @@ def _database(url: str) -> dict:
             init_command="PRAGMA journal_mode=WAL;PRAGMA synchronous=NORMAL",
         )
     elif engine.endswith("mysql"):
-        db.setdefault("OPTIONS", {}).setdefault("charset", "utf8mb4")
+        options = db.setdefault("OPTIONS", {})
+        options.setdefault("charset", "utf8mb4")
+        # A server that stalls or vanishes must surface as an error the engine retries,
+        # not hang a worker or a heartbeat forever; lock waits end well before that.
+        options.setdefault("connect_timeout", 5)
+        options.setdefault("read_timeout", 30)
+        options.setdefault("write_timeout", 30)
+        options.setdefault("init_command", "SET SESSION innodb_lock_wait_timeout = 10")
         db["TEST"] = {"CHARSET": "utf8mb4", "COLLATION": "utf8mb4_unicode_ci"}
     return db
 
