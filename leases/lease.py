@@ -11,7 +11,7 @@ from datetime import datetime, timedelta
 from functools import lru_cache
 from typing import Any
 
-from django.db import DatabaseError, connections
+from django.db import DatabaseError, InterfaceError, connections
 
 from . import db
 from .exceptions import LeaseLost
@@ -94,6 +94,11 @@ class Hold:
     def expires_at(self) -> datetime:
         return self._db_anchor + timedelta(seconds=self._deadline - self._mono_anchor)
 
+    @property
+    def deadline(self) -> float:
+        """The `time.monotonic()` moment until which it is surely ours, if not lost or released."""
+        return self._deadline
+
     def remaining(self) -> float:
         """Seconds it is surely still ours (0 once lost or released)."""
         if self.lost or self.released:
@@ -172,7 +177,7 @@ def keep_alive(lease: Hold, interval: float, stop: threading.Event) -> None:
             if not lease.released:  # released on purpose (fix(), exit) is no news
                 log.warning("lost %s (token %s)", lease, lease.token)
             return
-        except DatabaseError as exc:
+        except (DatabaseError, InterfaceError) as exc:
             if lease.remaining() <= 0:
                 lease._mark_lost()
                 log.warning("%s ran out while renewal failed: %s", lease, exc)
@@ -195,6 +200,43 @@ class Heartbeat(threading.Thread):
         finally:
             connections.close_all()
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop renewing; wait at most `timeout` seconds for the thread to end, since a
+        renewal in flight can be stuck in a database that stopped answering."""
         self.stop_event.set()
-        self.join()
+        self.join(max(0.0, timeout))
+
+
+def release_within(hold: Hold, seconds: float) -> bool:
+    """Release `hold`, waiting at most `seconds` (and never past its local deadline).
+
+    A process that is ending must not hang on a database that is down or stopped
+    answering, and a hold that is not released frees itself when its ttl runs out. So a
+    hold that has already run out locally is not sent at all, and the release runs in a
+    helper thread (it waits for `Hold._lock` while a renewal is stuck, then for the
+    database) that is left to finish on its own when time is up. True when released;
+    False when it was no longer ours or has run out; TimeoutError when the database did
+    not answer in time; the database's own error when it failed.
+    """
+    left = hold.remaining()  # 0 once lost or released
+    if left <= 0:
+        return False
+    wait = max(0.0, min(seconds, left))
+    outcome: list[Any] = []
+
+    def release() -> None:
+        try:
+            outcome.append(hold.release())
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
+            outcome.append(exc)
+        finally:
+            connections.close_all()  # this thread's own connection
+
+    helper = threading.Thread(target=release, name=f"release: {hold}", daemon=True)
+    helper.start()
+    helper.join(wait)
+    if not outcome:
+        raise TimeoutError(f"no answer from the database within {wait:.1f}s")
+    if isinstance(outcome[0], BaseException):
+        raise outcome[0]
+    return outcome[0]

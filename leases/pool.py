@@ -5,10 +5,11 @@ import json
 import logging
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Callable, Iterable, Iterator
 
-from django.db import connections, transaction
+from django.db import InterfaceError, OperationalError, connections, transaction
 
 from . import db
 from .exceptions import NoResourceAvailable, UnknownPool, UnknownResource
@@ -45,6 +46,24 @@ def _load(value: Any) -> Any:
     if isinstance(value, (bytes, bytearray)):
         value = value.decode()
     return json.loads(value) if isinstance(value, str) else value
+
+
+@dataclass(frozen=True)
+class _Claim:
+    """A claim sent for one candidate row: (id, token, name, data, server clock) as read,
+    when the row was read and when the claim was sent (local monotonic clock)."""
+
+    row: tuple
+    mono_anchor: float
+    sent_at: float
+
+    @property
+    def id(self) -> int:
+        return self.row[0]
+
+    @property
+    def token(self) -> int:
+        return self.row[1]
 
 
 class Pool:
@@ -120,24 +139,44 @@ class Pool:
         """Lease one free resource for `ttl` seconds.
 
         With `wait` > 0, retry with jittered pauses until that many seconds have passed,
-        then raise NoResourceAvailable. UnknownPool when the pool has no resources at all.
+        riding out database outages as well as an exhausted pool; then raise the
+        database's error if the last attempt got no answer, else NoResourceAvailable.
+        An attempt against a refused connection takes `db.run` a few seconds to give up,
+        so the deadline can be overrun by that much. UnknownPool when the pool has no
+        resources at all.
         """
         ttl = check_ttl(ttl)
         deadline = time.monotonic() + check_wait(wait)
         holder = make_holder(holder)
+        in_doubt: list[_Claim] = []
+        answered = False
         attempt = 0
         while True:
-            lease = self._try_acquire(ttl, holder, first=attempt == 0)
-            if lease is not None:
-                return lease
+            error: Exception | None = None
+            try:
+                lease = self._recover(in_doubt, holder, ttl) or self._try_acquire(
+                    ttl, holder, first=not answered, in_doubt=in_doubt
+                )
+            except (OperationalError, InterfaceError) as exc:
+                if not db.transient(exc):
+                    raise
+                error = exc
+            else:
+                if lease is not None:
+                    return lease
+                answered = True
             left = deadline - time.monotonic()
             if left <= 0:
+                if error is not None:
+                    raise error
                 waited = f" within {wait:g}s" if wait else ""
                 raise NoResourceAvailable(f"no free resource in pool {self.name!r}{waited}")
+            if error is not None:
+                log.info("pool %r: database unavailable, retrying for %.1fs more: %s", self.name, left, error)
             time.sleep(min(left, 0.05 + db.backoff(attempt, base=0.05, cap=1.0)))
             attempt += 1
 
-    def _try_acquire(self, ttl: float, holder: str, first: bool) -> Lease | None:
+    def _try_acquire(self, ttl: float, holder: str, first: bool, in_doubt: list[_Claim]) -> Lease | None:
         for _ in range(ROUNDS):
             rows = db.run(self._candidates, self.using)
             mono_anchor = time.monotonic()
@@ -145,23 +184,47 @@ class Pool:
                 if first and not self._exists():
                     raise UnknownPool(f"pool {self.name!r} has no resources")
                 return None
-            for id_, token, name, data, now in rows:
-                sent_at = time.monotonic()
-                if db.run(self._claimer(id_, token, holder, ttl), self.using):
-                    return Lease(
-                        pool=self.name,
-                        id=id_,
-                        name=name,
-                        resource=_load(data),
-                        token=token + 1,
-                        holder=holder,
-                        ttl=ttl,
-                        sent_at=sent_at,
-                        db_anchor=db.to_datetime(now),
-                        mono_anchor=mono_anchor,
-                        using=self.using,
-                    )
+            for row in rows:
+                claim = _Claim(tuple(row), mono_anchor, sent_at=time.monotonic())
+                try:
+                    won = db.run(self._claimer(claim.id, claim.token, holder, ttl), self.using)
+                except (OperationalError, InterfaceError) as exc:
+                    if db.transient(exc):  # the claim may have committed before the outage
+                        in_doubt.append(claim)
+                    raise
+                if won:
+                    return self._lease(claim, holder, ttl)
         return None
+
+    def _recover(self, in_doubt: list[_Claim], holder: str, ttl: float) -> Lease | None:
+        """The lease of a claim whose outcome an outage hid, if it committed (or can still win).
+
+        Without this look-up a claim that committed just before the database went away
+        would keep its resource busy for the whole ttl while we lease another.
+        """
+        if not in_doubt:
+            return None
+        claim = in_doubt[0]
+        claimer = self._claimer(claim.id, claim.token, holder, ttl)
+        won = db.run(lambda cursor, resumed: claimer(cursor, True), self.using)
+        in_doubt.clear()
+        return self._lease(claim, holder, ttl) if won else None
+
+    def _lease(self, claim: _Claim, holder: str, ttl: float) -> Lease:
+        id_, token, name, data, now = claim.row
+        return Lease(
+            pool=self.name,
+            id=id_,
+            name=name,
+            resource=_load(data),
+            token=token + 1,
+            holder=holder,
+            ttl=ttl,
+            sent_at=claim.sent_at,  # the earliest the claim can have committed
+            db_anchor=db.to_datetime(now),
+            mono_anchor=claim.mono_anchor,
+            using=self.using,
+        )
 
     def _candidates(self, cursor: Any, resumed: bool) -> list:
         cursor.execute(statements(cursor.db).candidates, (self.name, CANDIDATES))

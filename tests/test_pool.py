@@ -1,6 +1,7 @@
 """The lease engine's rules, one process at a time (concurrency is in test_concurrency)."""
 from __future__ import annotations
 
+import threading
 import time
 from datetime import timedelta
 
@@ -9,6 +10,7 @@ from django.db import OperationalError, connection, transaction
 
 from leases import LeaseLost, NoResourceAvailable, Pool, UnknownPool, UnknownResource
 from leases import db
+from leases.lease import Heartbeat, release_within
 from leases.models import Resource
 from leases.pool import db_now
 
@@ -354,3 +356,138 @@ def test_a_connection_killed_by_the_server_is_reopened(pool):
     lease = pool.acquire(ttl=30)
     assert lease.name == "a"
     assert connection.connection.thread_id() != victim
+
+
+# -- outages: acquire waits them out, releases are bounded --------------------------------
+
+REFUSED = OperationalError(2003, "Can't connect to server on '127.0.0.1' (111)")
+
+
+@pytest.fixture
+def outage(monkeypatch):
+    """Make every db.run fail as if the server refused connections while `outage.on`."""
+
+    class Outage:
+        on = True
+        calls = 0
+
+    real = db.run
+
+    def run(work, using=None, attempts=8):
+        if Outage.on:
+            Outage.calls += 1
+            raise REFUSED
+        return real(work, using, attempts)
+
+    monkeypatch.setattr(db, "run", run)
+    return Outage
+
+
+def test_acquire_with_wait_rides_out_an_outage_and_says_so(pool, outage, caplog):
+    caplog.set_level("INFO", logger="leases")
+    threading.Timer(0.6, lambda: setattr(outage, "on", False)).start()
+    started = time.monotonic()
+    lease = pool.acquire(ttl=30, wait=10)
+    assert 0.6 <= time.monotonic() - started < 3
+    assert outage.calls >= 2 and row("a").holder == lease.holder
+    assert "pool 'proxies': database unavailable, retrying" in caplog.text
+
+
+def test_acquire_raises_the_database_error_when_the_outage_outlasts_wait(pool, outage):
+    started = time.monotonic()
+    with pytest.raises(OperationalError) as caught:
+        pool.acquire(ttl=30, wait=0.5)
+    assert caught.value is REFUSED and outage.calls >= 2
+    assert 0.5 <= time.monotonic() - started < 2
+
+
+def test_acquire_says_no_resource_when_the_database_answered_last(pool, outage):
+    outage.on = False
+    pool.acquire(ttl=30)  # the only resource: busy from now on
+    outage.on = True
+    threading.Timer(0.3, lambda: setattr(outage, "on", False)).start()
+    with pytest.raises(NoResourceAvailable, match="within 1s"):
+        pool.acquire(ttl=30, wait=1)
+    assert outage.calls >= 1
+
+
+def test_acquire_does_not_wait_out_errors_that_are_not_outages(pool, monkeypatch):
+    calls = []
+
+    def broken(work, using=None, attempts=8):
+        calls.append(1)
+        raise OperationalError(1054, "Unknown column 'busy_before'")
+
+    monkeypatch.setattr(db, "run", broken)
+    with pytest.raises(OperationalError, match="Unknown column"):
+        pool.acquire(ttl=30, wait=10)
+    assert calls == [1]
+
+
+def test_a_claim_an_outage_hid_is_recognised_on_the_next_attempt(pool, monkeypatch):
+    """The claim commits, then the connection dies and stays refused past db.run's retries:
+    the next attempt finds the claim instead of leaving the resource busy for its ttl."""
+    monkeypatch.setattr(db.time, "sleep", lambda s: None)
+    real = Pool._claimer
+    made = []
+
+    def claimer(id_, token, holder, ttl):
+        claim = real(id_, token, holder, ttl)
+        made.append(claim)
+        if len(made) > 1:
+            return claim
+        calls = []
+
+        def committed_then_lost(cursor, resumed):
+            calls.append(resumed)
+            if len(calls) == 1:
+                assert claim(cursor, resumed) is True  # committed...
+                raise OperationalError(2013, "Lost connection to server during query")  # ...reply lost
+            raise REFUSED
+
+        return committed_then_lost
+
+    monkeypatch.setattr(Pool, "_claimer", staticmethod(claimer))
+    lease = pool.acquire(ttl=30, wait=2)  # the pool's only resource
+    assert len(made) == 2
+    r = row("a")
+    assert (lease.name, lease.token, lease.holder) == ("a", r.token, r.holder)
+    assert r.token == 1 and lease.remaining() > 29
+
+
+def test_release_within_gives_up_while_a_renewal_holds_the_lease(pool):
+    lease = pool.acquire(ttl=30)
+    with lease._lock:  # as a renewal stuck in a hung database does
+        started = time.monotonic()
+        with pytest.raises(TimeoutError, match="no answer from the database within 0.3s"):
+            release_within(lease, 0.3)
+        assert time.monotonic() - started < 1
+    # The abandoned attempt carries on in the background and frees the row once it can.
+    deadline = time.monotonic() + 5
+    while pool.stats()["free"] != 1:
+        assert time.monotonic() < deadline, "the abandoned release never finished"
+        time.sleep(0.05)
+    assert lease.released and release_within(lease, 5) is False
+
+
+def test_release_within_sends_nothing_for_a_lease_that_ran_out_locally(pool, monkeypatch):
+    lease = pool.acquire(ttl=30)
+    monkeypatch.setattr(lease, "_deadline", time.monotonic() - 1)
+    monkeypatch.setattr(db, "run", lambda *a, **k: pytest.fail("a release was sent"))
+    assert release_within(lease, 5) is False
+    monkeypatch.undo()
+    assert row("a").holder == lease.holder  # frees itself when the server's clock says so
+
+
+def test_heartbeat_stop_is_bounded_while_a_renewal_hangs(pool):
+    lease = pool.acquire(ttl=30)
+    heartbeat = Heartbeat(lease, interval=0.05)
+    with lease._lock:  # every renewal blocks
+        heartbeat.start()
+        time.sleep(0.2)
+        started = time.monotonic()
+        heartbeat.stop(0.3)
+        assert 0.3 <= time.monotonic() - started < 1
+        assert heartbeat.is_alive()
+    heartbeat.join(5)
+    assert not heartbeat.is_alive()
