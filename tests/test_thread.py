@@ -1,12 +1,16 @@
-"""ResourceThread: acquire, heartbeat, re-acquire, quarantine the invalid, fix, terminate."""
+"""ResourceThread: acquire, heartbeat, re-acquire, quarantine the invalid, fix, terminate,
+and ride out outages (simulated here by a failing db.run; test_lease_faults has real ones)."""
 from __future__ import annotations
 
 import logging
+import threading
 import time
 
 import pytest
+from django.db import OperationalError
 
-from leases import Pool, ResourceThread
+from leases import LeaseLost, Pool, ResourceThread, UnknownPool
+from leases import db
 from leases.models import Resource
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -124,3 +128,111 @@ def test_start_waits_while_the_pool_is_exhausted_and_says_so(accounts, crawler, 
     assert thread.lease is not None
     assert time.monotonic() - started > 0.3
     assert "pool 'accounts' exhausted, waiting" in caplog.text
+
+
+# -- outages and failing checks -------------------------------------------------------------
+
+
+@pytest.fixture
+def outage(monkeypatch):
+    """While `outage.on`, every db.run fails as if the server refused connections; while
+    `outage.hung`, it blocks as if the server stopped answering."""
+
+    class Outage:
+        on = False
+        calls = 0
+        hung = threading.Event()
+        unblocked = threading.Event()
+
+    real = db.run
+
+    def run(work, using=None, attempts=8):
+        if Outage.hung.is_set():
+            Outage.unblocked.wait(30)
+        if Outage.on:
+            Outage.calls += 1
+            raise OperationalError(2003, "Can't connect to server on '127.0.0.1' (111)")
+        return real(work, using, attempts)
+
+    monkeypatch.setattr(db, "run", run)
+    yield Outage
+    Outage.unblocked.set()
+
+
+def messages(caplog, text: str) -> list[str]:
+    return [r.getMessage() for r in caplog.records if text in r.getMessage()]
+
+
+def test_start_during_an_outage_blocks_says_so_now_and_then_and_holds_after(accounts, crawler, outage, caplog):
+    caplog.set_level(logging.INFO, logger="leases")
+    outage.on = True
+    threading.Timer(1.0, lambda: setattr(outage, "on", False)).start()
+    thread = crawler()
+    thread._poll = 0.1  # many failed attempts, few log lines
+    thread.wait_step = 0.6
+    started = time.monotonic()
+    thread.start()
+    assert time.monotonic() - started >= 1.0
+    assert thread.is_alive() and thread.lease.remaining() > 0
+    said = messages(caplog, "database unreachable")
+    assert 1 <= len(said) <= 2 < outage.calls
+    assert said[0].startswith(f"{thread.name}: database unreachable ((2003, ") and "retrying" in said[0]
+    assert messages(caplog, f"holding accounts/{thread.lease.name} (token")
+
+
+def test_the_thread_rides_out_an_outage_longer_than_its_ttl(accounts, crawler, outage, caplog):
+    caplog.set_level(logging.INFO, logger="leases")
+    thread = crawler()
+    thread.start()
+    first = thread.lease
+    outage.on = True
+    time.sleep(Crawler.ttl * 2)
+    assert thread.is_alive()
+    assert thread.lease is first and first.lost and first.remaining() == 0  # says it is not held
+    with pytest.raises(LeaseLost):
+        thread.lease.check()
+    outage.on = False
+    wait_for(lambda: thread.lease is not first and thread.lease.remaining() > 0)
+    lease = thread.lease
+    assert thread.is_alive() and lease.token > (first.token if lease.name == first.name else 0)
+    row = Resource.objects.get(pool="accounts", name=lease.name)
+    assert (row.holder, row.token) == (lease.holder, lease.token)
+    assert messages(caplog, "database unreachable")
+    assert messages(caplog, f"holding accounts/{lease.name} again (token {lease.token})")
+    time.sleep(Crawler.ttl * 1.5)  # and the heartbeat keeps the new lease
+    assert thread.lease is lease and lease.remaining() > 0
+
+
+class Crashing(Crawler):
+    def is_valid(self) -> bool:
+        if self.lease.name == "broken":
+            raise RuntimeError("check crashed")
+        return True
+
+
+def test_an_exception_from_is_valid_counts_as_invalid_and_becomes_the_reason(accounts, caplog):
+    accounts.quarantine("good", 0.5)  # so the thread meets "broken" first
+    thread = Crashing()
+    try:
+        thread.start()
+        assert thread.lease.name == "good" and thread.is_alive()
+        broken = Resource.objects.get(pool="accounts", name="broken")
+        assert broken.quarantine_reason == "Crashing.is_valid() raised RuntimeError: check crashed"
+        assert "RuntimeError: check crashed" in caplog.text  # with its traceback
+    finally:
+        thread.terminate()
+
+
+def test_terminate_returns_within_its_timeout_while_the_database_hangs(accounts, crawler, outage):
+    thread = crawler()
+    thread.start()
+    outage.hung.set()
+    time.sleep(Crawler.interval * 2)  # a renewal is stuck now
+    started = time.monotonic()
+    thread.terminate(timeout=0.5)
+    assert time.monotonic() - started < 1.0
+
+
+def test_start_raises_what_waiting_cannot_cure(crawler):
+    with pytest.raises(UnknownPool):
+        crawler(pool="nothing").start()
