@@ -39,3 +39,9 @@ class Fail(LeaseError):
 
 class WorkerLost(LeaseError):
     """Recorded as the error of an attempt whose worker stopped heartbeating."""
+
+
+class BadResult(LeaseError):
+    """What a handler returned cannot be stored (not JSON, too large or too deep), or the
+    database refused an attempt's outcome: the attempt fails with this, for good, since
+    running the handler again would repeat its work."""

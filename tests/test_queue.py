@@ -184,8 +184,8 @@ def test_failures_retry_until_dead_with_one_error_per_attempt():
     assert "RuntimeError: boom 7" in JobError.objects.first().traceback
 
 
-def test_retry_waits_for_its_backoff():
-    @jobqueue.registry.handler("flaky-backoff", backoff=30.0, max_attempts=2)
+def test_retry_waits_for_its_backoff_and_a_burst_worker_leaves_a_distant_one():
+    @jobqueue.registry.handler("flaky-backoff", backoff=200.0, max_attempts=2)
     def flaky(payload):
         raise ValueError("not yet")
 
@@ -194,7 +194,22 @@ def test_retry_waits_for_its_backoff():
     w.run()
     row = Job.objects.get(pk=job.pk)
     assert (row.status, row.attempt) == (READY, 1)
-    assert row.run_at - db_now() > timedelta(seconds=10)  # equal jitter: 15 s to 30 s
+    assert row.run_at - db_now() > timedelta(seconds=90)  # equal jitter: 100 s to 200 s
+
+
+def test_a_burst_worker_stays_for_a_retry_due_within_a_minute():
+    @jobqueue.registry.handler("flaky-once", backoff=0.5, max_attempts=3)
+    def flaky_once(payload):
+        if not JobError.objects.filter(job_id=payload["id"]).exists():
+            raise ValueError("first try fails")
+        return "second try"
+
+    job = push("flaky-once", {"id": 0})
+    Job.objects.filter(pk=job.pk).update(payload={"id": job.pk})
+    stats = worker().run()
+    row = Job.objects.get(pk=job.pk)
+    assert (row.status, row.attempt, row.result) == (SUCCEEDED, 2, "second try")
+    assert (stats.failed, stats.succeeded) == (1, 1)
 
 
 def test_fail_stops_retries_and_timeout_fails_the_attempt():
@@ -208,11 +223,19 @@ def test_fail_stops_retries_and_timeout_fails_the_attempt():
     assert set(JobError.objects.filter(job=row).values_list("exception", flat=True)) == {"builtins.TimeoutError"}
 
 
-def test_unknown_handler_at_run_time_fails_the_job():
+def test_a_job_whose_handler_this_worker_lacks_goes_back_then_fails_after_the_grace(settings):
     job = push("noop", {})
-    Job.objects.filter(pk=job.pk).update(name="gone")
+    Job.objects.filter(pk=job.pk).update(name="deployed-elsewhere")
+    stats = worker().run()
+    row = Job.objects.get(pk=job.pk)
+    assert (row.status, row.attempt, row.claims, row.worker) == (READY, 0, 1, "")  # the try given back
+    assert row.run_at > db_now() + timedelta(seconds=5) and row.bounced_at is not None
+    assert stats.bounced == 1 and not JobError.objects.exists()
+    settings.LEASES_HANDLER_GRACE = 0.5
+    Job.objects.filter(pk=job.pk).update(run_at=db_now(), bounced_at=db_now() - timedelta(seconds=1))
     worker().run()
-    assert Job.objects.get(pk=job.pk).status == FAILED
+    row = Job.objects.get(pk=job.pk)
+    assert (row.status, row.claims) == (FAILED, 2)
     assert JobError.objects.get(job_id=job.pk).exception == "leases.exceptions.UnknownHandler"
 
 
@@ -255,7 +278,7 @@ def test_recovery_with_no_attempt_left_makes_the_job_dead():
 def test_heartbeat_extends_running_jobs_and_readopts_after_a_lapse():
     job = push("noop", {})
     w = worker()
-    w.claim(1)
+    w.running = {j.id: j for j in w.claim(1)}
     expire_leases()
     w.hold.renew()  # still held: only the job's lease lapsed
     w.heartbeat()
@@ -275,7 +298,7 @@ def test_hand_back_returns_unfinished_jobs_without_using_up_a_try():
     w.running = {j.id: j for j in w.claim(1)}
     assert w.hand_back() == 1
     row = Job.objects.get(pk=job.pk)
-    assert (row.status, row.worker, row.attempt, row.max_attempts) == (READY, "", 1, 4)
+    assert (row.status, row.worker, row.attempt, row.max_attempts, row.claims) == (READY, "", 0, 3, 1)
 
 
 # -- bounded queues ---------------------------------------------------------------------
@@ -307,7 +330,7 @@ def test_cancel_retry_and_discard():
     assert Job.objects.get(pk=running.pk).status == RUNNING
     assert jobqueue.retry([waiting.pk, running.pk]) == 1
     row = Job.objects.get(pk=waiting.pk)
-    assert (row.status, row.max_attempts) == (READY, 1)
+    assert (row.status, row.attempt, row.max_attempts) == (READY, 0, 3)  # the tries it had left
     assert jobqueue.discard([waiting.pk, running.pk]) == 1
     assert list(Job.objects.values_list("pk", flat=True)) == [running.pk]
 

@@ -12,6 +12,7 @@ _EXPORTS = {
     "Worker": "leases.tasks.worker",
     "QueueFull": "leases.exceptions",
     "Fail": "leases.exceptions",
+    "BadResult": "leases.exceptions",
     "UnknownHandler": "leases.exceptions",
 }
 

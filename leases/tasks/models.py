@@ -125,8 +125,11 @@ class Job(models.Model):
 
     `pending_key` is the dedupe key while the job waits for its first run and NULL after:
     its unique index makes "one waiting job per key" structural, and a second push of the
-    key an upsert that only moves `run_at`. `attempt` grows with every claim and fences
-    the outcome: a late finisher whose attempt was recovered and re-run writes nothing.
+    key an upsert that moves `run_at` and `priority` and counts `pushes`. `claims` grows
+    with every claim and fences the outcome: a late finisher whose attempt was recovered
+    and re-run writes nothing. `attempt` counts the tries that count against
+    `max_attempts`: a worker's graceful hand-back, or one that lacks the handler, gives
+    the try back (`attempt` goes down; `claims` never does).
     """
 
     READY, RUNNING, SUCCEEDED, FAILED, DEAD, CANCELLED = range(6)
@@ -150,8 +153,13 @@ class Job(models.Model):
     priority = models.SmallIntegerField(default=0)
     run_at = models.DateTimeField()
     status = models.SmallIntegerField(choices=STATUSES, default=READY)
-    attempt = models.PositiveIntegerField(default=0, help_text="Attempts started so far.")
+    attempt = models.PositiveIntegerField(default=0, help_text="Tries used so far (of max attempts).")
     max_attempts = models.PositiveIntegerField(default=1)
+    claims = models.PositiveIntegerField(default=0, help_text="Times claimed by a worker; fences outcomes.")
+    pushes = models.PositiveIntegerField(default=1, help_text="Pushes merged into this job by its key.")
+    bounced_at = models.DateTimeField(
+        null=True, blank=True, help_text="When a worker without its handler first gave it back."
+    )
     worker = models.CharField(max_length=WORKER_LENGTH, blank=True, default="")
     expires_at = models.DateTimeField(
         null=True, blank=True, help_text="Lease of the running attempt; renewed by its worker's heartbeat."

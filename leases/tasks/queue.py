@@ -11,7 +11,6 @@ import atexit
 import hashlib
 import json
 import logging
-import math
 import threading
 import time
 from collections import deque
@@ -25,14 +24,19 @@ from django.db import connections
 from leases import db
 from leases.exceptions import QueueFull
 from leases.sql import statements
+from leases.validation import check_moment, check_seconds, dump_json
 
 from . import registry
-from .models import KEY_LENGTH, PRIORITY_RANGE, QUEUE_LENGTH, Job, Queue
+from .models import KEY_LENGTH, PRIORITY_RANGE, Job, Queue
+from .registry import check_queue
 
 log = logging.getLogger("leases.tasks")
 
-#: Jobs per INSERT statement in push_many.
+#: Jobs per INSERT statement in push_many ...
 BATCH = 1000
+#: ... and at most this many characters of payload per statement (at most 4 bytes each),
+#: well under MySQL's default max_allowed_packet of 16 MiB.
+BATCH_CHARS = 2 << 20
 #: Seconds a process trusts its copy of a queue's settings.
 SETTINGS_TTL = 1.0
 #: Finished runs kept per key unless settings.LEASES_KEEP_RUNS says otherwise.
@@ -50,12 +54,6 @@ def _pairs(count: int) -> str:
 # -- validation -------------------------------------------------------------------------
 
 
-def check_queue(queue: Any) -> str:
-    if not isinstance(queue, str) or not queue.strip() or len(queue) > QUEUE_LENGTH or "," in queue:
-        raise ValueError(f"queue must be a name of 1 to {QUEUE_LENGTH} characters without commas, not {queue!r}")
-    return queue
-
-
 def check_priority(priority: Any) -> int:
     low, high = PRIORITY_RANGE
     if isinstance(priority, bool) or not isinstance(priority, int) or not low <= priority <= high:
@@ -64,25 +62,17 @@ def check_priority(priority: Any) -> int:
 
 
 def check_delay(delay: Any) -> float:
-    if isinstance(delay, timedelta):
-        delay = delay.total_seconds()
-    if isinstance(delay, bool) or not isinstance(delay, (int, float)) or not 0 <= delay < math.inf:
-        raise ValueError(f"delay must be a number of seconds >= 0, not {delay!r}")
-    return float(delay)
+    return check_seconds(delay, "delay")
 
 
 def check_run_at(run_at: Any) -> datetime:
-    if not isinstance(run_at, datetime) or run_at.tzinfo is None:
-        raise ValueError(f"run_at must be a timezone-aware datetime, not {run_at!r}")
-    return run_at
+    return check_moment(run_at, "run_at")
 
 
-def dump_payload(payload: Any) -> str:
-    """The payload as JSON text; ValueError for anything JSON cannot carry (never pickle)."""
-    try:
-        return json.dumps(payload, allow_nan=False, separators=(",", ":"), sort_keys=True)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"payload must be JSON-serialisable: {exc}") from None
+def dump_payload(payload: Any, what: str = "payload") -> str:
+    """JSON text the database stores as it is (never pickle): ValueError for what JSON
+    cannot carry, lone surrogates, nesting past 31 levels and LEASES_MAX_JSON_BYTES."""
+    return dump_json(payload, what, sort_keys=True)
 
 
 def default_key(name: str, payload_json: str) -> str:
@@ -93,6 +83,10 @@ def default_key(name: str, payload_json: str) -> str:
 def check_key(key: Any) -> str:
     if not isinstance(key, str) or not key or len(key) > KEY_LENGTH:
         raise ValueError(f"key must be a non-empty string of at most {KEY_LENGTH} characters")
+    try:
+        key.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"key holds a lone surrogate (text that is not valid Unicode): {key!r}") from None
     return key
 
 
@@ -165,8 +159,22 @@ _settings: dict[tuple[str, str], tuple[float, QueueSettings]] = {}
 _settings_lock = threading.Lock()
 
 
+def known_queues(using: str | None = None) -> set[str]:
+    """Queues jobs may go to: those with a row, a handler's, or a Tasks backend's."""
+    names = set(all_queues(using)) | {spec.queue for spec in registry.registered().values()}
+    try:
+        from .backend import configured_queues
+    except ImportError:  # no Tasks framework installed: native jobs only
+        return names
+    return names | configured_queues()
+
+
 def queue_settings(name: str, using: str | None = None, create: bool = True) -> QueueSettings:
-    """A queue's settings as of at most SETTINGS_TTL ago; the row is made on first use."""
+    """A queue's settings as of at most SETTINGS_TTL ago; the row is made on first use.
+
+    With `create`, a queue nobody declared (no row, no handler or Tasks backend names it)
+    is a ValueError: a misspelt queue would otherwise hold jobs no worker serves.
+    """
     using = db.alias(using)
     now = time.monotonic()
     with _settings_lock:
@@ -176,8 +184,15 @@ def queue_settings(name: str, using: str | None = None, create: bool = True) -> 
     row = Queue.objects.using(using).filter(name=name).values_list(
         "paused", "max_length", "when_full", "full_timeout"
     ).first()
-    if row is None and create and not connections[using].in_atomic_block:
-        Queue.objects.using(using).get_or_create(name=name)
+    if row is None and create:
+        known = known_queues(using)
+        if name not in known:
+            raise ValueError(
+                f"unknown queue {name!r} (known: {', '.join(sorted(known)) or 'none'}); name it in a"
+                " handler or TASKS, or add it as a Queue row"
+            )
+        if not connections[using].in_atomic_block:
+            Queue.objects.using(using).get_or_create(name=name)
     found = QueueSettings(name, *row) if row else QueueSettings(name)
     with _settings_lock:
         _settings[(using, name)] = (now + SETTINGS_TTL, found)
@@ -220,7 +235,11 @@ def has_room(queue: QueueSettings, count: int, using: str | None = None) -> bool
 
 def insert(jobs: Sequence[NewJob], using: str | None = None, fetch_key: str | None = None) -> tuple | None:
     """Write `jobs` with one upsert; with `fetch_key`, return that job's row in the same
-    transaction (so no worker can claim it in between and hide it)."""
+    transaction (so no worker can claim it in between and hide it).
+
+    If the connection died under an earlier try, the push may have committed: a job
+    waiting under `fetch_key` is then taken as it is rather than pushed a second time.
+    """
 
     def work(cursor: Any, resumed: bool) -> tuple | None:
         st = statements(cursor.db, "job")
@@ -230,6 +249,10 @@ def insert(jobs: Sequence[NewJob], using: str | None = None, fetch_key: str | No
             rows.append(st.row_at if job.run_at is not None else st.row)
             params += job.params(cursor.db)
         with db.write_transaction(cursor.db.alias):
+            if resumed and fetch_key is not None:
+                cursor.execute(st.pushed, (fetch_key,))
+                if row := cursor.fetchone():
+                    return row
             cursor.execute(st.insert + ", ".join(rows) + st.insert_tail, params)
             if fetch_key is None:
                 return None
@@ -245,37 +268,49 @@ def reschedule(job: NewJob, using: str | None = None) -> bool:
     def work(cursor: Any, resumed: bool) -> bool:
         st = statements(cursor.db, "job")
         if job.run_at is not None:
-            cursor.execute(st.reschedule_at, (db.dialect(cursor.db).stored_datetime(job.run_at), job.key))
+            when, sql = db.dialect(cursor.db).stored_datetime(job.run_at), st.reschedule_at
         else:
-            cursor.execute(st.reschedule, (db.dialect(cursor.db).seconds(job.delay), job.key))
+            when, sql = db.dialect(cursor.db).seconds(job.delay), st.reschedule
+        cursor.execute(sql, (when, job.priority, job.key))
         return cursor.rowcount > 0
 
     return db.run(work, using)
 
 
-def _as_job(job: NewJob, row: tuple, using: str) -> Job:
-    pk, run_at, enqueued_at, queue, priority, max_attempts = row
+def _as_job(pushed: NewJob, row: tuple, using: str) -> Job:
+    """The Job as the database holds it after the push, which may be an older waiting job
+    of the same key: then `merged` is true, and a warning says if its work differs."""
+    pk, queue, name, backend, payload, key, priority, run_at, status, attempt, max_attempts, enqueued_at, pushes = row
     obj = Job(
         pk=pk,
         queue=queue,
-        name=job.name,
-        backend=job.backend,
-        payload=json.loads(job.payload),
-        key=job.key,
-        pending_key=job.key,
+        name=name,
+        backend=backend,
+        payload=json.loads(payload) if isinstance(payload, (str, bytes)) else payload,
+        key=key,
+        pending_key=key,
         priority=priority,
         run_at=db.to_datetime(run_at),
-        status=Job.READY,
+        status=status,
+        attempt=attempt,
         max_attempts=max_attempts,
         enqueued_at=db.to_datetime(enqueued_at),
+        pushes=pushes,
     )
     obj._state.adding = False
     obj._state.db = using
+    obj.merged = pushes > 1
+    if obj.merged and (name, backend, obj.payload) != (pushed.name, pushed.backend, json.loads(pushed.payload)):
+        log.warning(
+            "push of %s with key %r merged into waiting job %s #%d, which keeps its own name and payload",
+            pushed.name, key, name, pk,
+        )
     return obj
 
 
 def submit(job: NewJob, using: str | None = None) -> Job | None:
-    """Write one validated job under its queue's bound; the waiting Job, or None if buffered."""
+    """Write one validated job under its queue's bound: the Job as stored (a new one, or
+    the waiting one its key merged into), or None if the job was buffered."""
     using = db.alias(using)
     queue = queue_settings(job.queue, using)
     if not has_room(queue, 1, using) and not reschedule(job, using):
@@ -285,12 +320,28 @@ def submit(job: NewJob, using: str | None = None) -> Job | None:
     return _as_job(job, row, using)
 
 
+def _batches(jobs: Sequence[NewJob]) -> Iterable[Sequence[NewJob]]:
+    """Runs of at most BATCH jobs and BATCH_CHARS of payload: one statement each."""
+    start, size = 0, 0
+    for index, job in enumerate(jobs):
+        size += len(job.payload)
+        if index - start == BATCH or (size > BATCH_CHARS and index > start):
+            yield jobs[start:index]
+            start, size = index, len(job.payload)
+    if start < len(jobs):
+        yield jobs[start:]
+
+
 def submit_many(jobs: Sequence[NewJob], using: str | None = None) -> int:
-    """Write validated jobs, BATCH per statement; each queue's bound is checked per batch."""
+    """Write validated jobs, a batch per statement; each queue's bound is checked per batch.
+
+    Every queue is looked up before the first batch, so an unknown one writes nothing.
+    """
     using = db.alias(using)
+    for name in sorted({job.queue for job in jobs}):
+        queue_settings(name, using)
     written = 0
-    for start in range(0, len(jobs), BATCH):
-        batch = jobs[start : start + BATCH]
+    for batch in _batches(jobs):
         by_queue: dict[str, int] = {}
         for job in batch:
             by_queue[job.queue] = by_queue.get(job.queue, 0) + 1
@@ -432,9 +483,11 @@ def push(
 ) -> Job | None:
     """Queue a job for the handler `name`, to run `delay` seconds from now (server clock).
 
-    Returns the waiting Job: a new one, or the one already waiting with the same key,
-    moved to the new run time. When the queue is full its `when_full` policy applies:
-    QueueFull, a wait, or (buffer) None while the job waits in this process.
+    Returns the waiting Job as the database holds it: a new one, or the one already
+    waiting with the same key, moved to the new run time and priority (`job.merged` is
+    then true; if that job has another name or payload, it keeps them and a warning is
+    logged). When the queue is full its `when_full` policy applies: QueueFull, a wait,
+    or (buffer) None while the job waits in this process.
     """
     job = new_job(
         name, payload, delay=delay, run_at=run_at, queue=queue, priority=priority, key=key,

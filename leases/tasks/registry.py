@@ -6,6 +6,7 @@ is told to import. Its options are the job's defaults: queue, attempts, backoff,
 """
 from __future__ import annotations
 
+import logging
 import math
 import random
 from dataclasses import dataclass
@@ -14,13 +15,26 @@ from typing import Any, Callable
 from django.utils.module_loading import autodiscover_modules
 
 from leases.exceptions import UnknownHandler
+from leases.validation import check_name, check_seconds
 
 from .models import JOB_NAME_LENGTH, QUEUE_LENGTH
 
 #: Longest pause between two attempts, whatever the backoff says.
 MAX_BACKOFF = 86400.0
+#: Base of the exponential backoff when a handler names none.
+DEFAULT_BACKOFF = 10.0
+
+log = logging.getLogger("leases.tasks")
 
 Backoff = float | Callable[[int], float]
+
+
+def check_queue(queue: Any) -> str:
+    """A queue name: printable, and without commas (workers take comma-separated lists)."""
+    check_name(queue, "queue", QUEUE_LENGTH)
+    if "," in queue:
+        raise ValueError(f"queue must be a name without commas, not {queue!r}")
+    return queue
 
 
 def check_attempts(value: Any) -> int:
@@ -38,11 +52,7 @@ def check_backoff(value: Any) -> Backoff:
 
 
 def check_timeout(value: Any) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
-        raise ValueError(f"timeout must be seconds > 0 or None, not {value!r}")
-    return float(value)
+    return None if value is None else check_seconds(value, "timeout", above=True)
 
 
 def retry_delay(backoff: Backoff, attempt: int) -> float:
@@ -52,7 +62,11 @@ def retry_delay(backoff: Backoff, attempt: int) -> float:
     all of base * 2**(attempt-1), so retries of jobs that failed together spread out.
     """
     if callable(backoff):
-        delay = float(backoff(attempt))
+        try:
+            delay = float(backoff(attempt))
+        except Exception:  # noqa: BLE001 - a broken backoff must not cost the job its retry
+            log.exception("backoff %r failed for attempt %d; using the default", backoff, attempt)
+            return retry_delay(DEFAULT_BACKOFF, attempt)
         return min(max(delay, 0.0), MAX_BACKOFF) if math.isfinite(delay) else MAX_BACKOFF
     full = min(backoff * 2 ** min(attempt - 1, 60), MAX_BACKOFF)
     return full / 2 + random.uniform(0, full / 2)
@@ -66,7 +80,7 @@ class Handler:
     func: Callable[..., Any]
     queue: str = "default"
     max_attempts: int = 3
-    backoff: Backoff = 10.0
+    backoff: Backoff = DEFAULT_BACKOFF
     timeout: float | None = None
 
     def run(self, job: Any) -> Any:
@@ -85,7 +99,7 @@ def handler(
     name: str,
     queue: str = "default",
     max_attempts: int = 3,
-    backoff: Backoff = 10.0,
+    backoff: Backoff = DEFAULT_BACKOFF,
     timeout: float | None = None,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Register the decorated function as the handler of jobs named `name`.
@@ -94,12 +108,9 @@ def handler(
     It runs in a worker thread, so it may block; `timeout` fails an attempt that runs
     longer (the thread itself cannot be stopped: its late outcome is ignored).
     """
-    if not isinstance(name, str) or not name.strip() or len(name) > JOB_NAME_LENGTH:
-        raise ValueError(f"handler name must be a non-empty string of at most {JOB_NAME_LENGTH} characters")
-    if not isinstance(queue, str) or not queue.strip() or len(queue) > QUEUE_LENGTH:
-        raise ValueError(f"queue must be a non-empty string of at most {QUEUE_LENGTH} characters")
+    check_name(name, "handler name", JOB_NAME_LENGTH)
     spec = dict(
-        queue=queue,
+        queue=check_queue(queue),
         max_attempts=check_attempts(max_attempts),
         backoff=check_backoff(backoff),
         timeout=check_timeout(timeout),

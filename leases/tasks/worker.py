@@ -6,9 +6,12 @@ in one short transaction (`FOR UPDATE SKIP LOCKED`, or SQLite's immediate transa
 and writes the outcomes of finished jobs in one transaction per loop.
 
 Crash safety: the worker's process row is a lease renewed by its heartbeat, and each
-running job carries a lease (`expires_at`) the same heartbeat extends. When a worker
-stops heartbeating, any live worker puts its jobs back to ready (or dead, when no attempt
-is left). Every outcome names the attempt it ends, so a late finisher writes nothing.
+job it runs carries a lease (`expires_at`) the same heartbeat extends, job by job. When a
+worker stops heartbeating, any live worker puts its jobs back to ready (or dead, when no
+attempt is left). Every outcome names the claim it ends, so a late finisher writes
+nothing. A claim whose reply was lost is found again by the worker's name before it
+claims more. An outcome the database refuses fails its job with that error instead of
+blocking the others, and no exception of a handler, however odd, reaches the loop.
 """
 from __future__ import annotations
 
@@ -19,16 +22,18 @@ import queue as stdqueue
 import threading
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterable
 
+from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, close_old_connections, connections
 
 from leases import db
-from leases.exceptions import Fail, LeaseLost, UnknownHandler, WorkerLost
+from leases.exceptions import BadResult, Fail, LeaseLost, UnknownHandler, WorkerLost
 from leases.lease import Hold, make_holder
 from leases.sql import statements
+from leases.validation import check_seconds, clean_text
 
 from . import queue as jobqueue
 from . import registry
@@ -44,15 +49,41 @@ TRIM_EVERY = 10.0
 RECOVER_BATCH = 100
 #: Worker rows gone this long are deleted.
 FORGET_AFTER = 86400.0
+#: Seconds before a job this worker has no handler for may be claimed again.
+BOUNCE_DELAY = 10.0
+#: Seconds a job may wait for a worker with its handler before it fails
+#: (settings.LEASES_HANDLER_GRACE).
+HANDLER_GRACE = 600.0
+#: A --burst worker stays for retries of its own jobs due within this many seconds.
+BURST_RETRY_WAIT = 60.0
+#: Bounds of what one failed attempt stores, in characters (the class path's column
+#: holds 255); the middle of a longer text is cut, the end of a traceback kept.
+CLASS_PATH_LIMIT = 255
+MESSAGE_LIMIT = 10_000
+TRACEBACK_LIMIT = 50_000
+#: Shortest worker ttl: the heartbeat runs between claims and outcome writes, and one
+#: slow commit must not let a running job's lease lapse.
+MIN_TTL = 1.0
 
 
-def _class_path(exc: BaseException) -> str:
+def describe(exc: BaseException) -> tuple[str, str, str]:
+    """(class path, message, traceback) of `exc`, storable as they are: lone surrogates
+    escaped, each cut to its limit. Never raises, whatever the exception's __str__ does."""
     cls = type(exc)
-    return f"{cls.__module__}.{cls.__qualname__}"
+    try:
+        message = str(exc)
+    except Exception:  # noqa: BLE001 - a broken __str__ is the handler's bug, not ours
+        message = f"<{cls.__name__}.__str__ failed>"
+    trace = "".join(traceback.format_exception(exc))
+    return (
+        clean_text(f"{cls.__module__}.{cls.__qualname__}", CLASS_PATH_LIMIT),
+        clean_text(message, MESSAGE_LIMIT),
+        clean_text(trace, TRACEBACK_LIMIT),
+    )
 
 
 def _pairs(count: int) -> str:
-    return jobqueue._pairs(count)
+    return " OR ".join(["(id = %s AND claims = %s)"] * count) + ")"
 
 
 @dataclass
@@ -68,7 +99,11 @@ class ClaimedJob:
     max_attempts: int
     priority: int
     key: str
+    #: The job's claim count at this claim: every outcome is written only if it still is.
+    claims: int = 0
     worker: str = ""
+    #: What runs it (`handler_for`), found when it was claimed.
+    handler: Any = None
     #: Set by the main thread when the attempt timed out: its outcome is already written.
     abandoned: bool = False
     deadline: float | None = None
@@ -80,10 +115,20 @@ class Outcome:
     ok: bool
     result: str = "null"
     error: tuple[str, str, str] | None = None
-    #: False for Fail and for a job no handler here can run: no retry.
+    #: False for Fail, BadResult and a job no handler can run: no retry.
     retryable: bool = True
     #: Seconds before the next attempt (from the handler's backoff).
     delay: float = 0.0
+    #: No handler here: back to the queue for a worker that has one (no try used).
+    bounce: bool = False
+
+    def refused(self, exc: BaseException) -> Outcome:
+        """What to write instead when the database refused this outcome: a failure whose
+        error says so (a result refused fails for good, as a handler's rerun repeats work)."""
+        error = describe(BadResult(f"the database refused this attempt's outcome: {describe(exc)[1][:1000]}"))
+        if self.ok:
+            return replace(self, ok=False, error=error, retryable=False, bounce=False)
+        return replace(self, error=error, bounce=False)
 
 
 def handler_for(job: ClaimedJob) -> Any:
@@ -96,26 +141,46 @@ def handler_for(job: ClaimedJob) -> Any:
 
 
 def execute(job: ClaimedJob) -> Outcome:
-    """Run one attempt; any exception becomes the attempt's error, never the worker's."""
-    close_old_connections()
+    """Run one attempt; whatever the handler does or returns becomes its outcome."""
+    _close_old_connections()
     try:
-        spec = handler_for(job)
-    except (UnknownHandler, ImportError, ValueError, ImproperlyConfigured) as exc:
-        return _failed(job, exc, retryable=False, delay=0.0)
+        return _attempt(job)
+    finally:
+        _close_old_connections()
+
+
+def _attempt(job: ClaimedJob) -> Outcome:
+    try:
+        spec = job.handler or handler_for(job)
+    except Exception as exc:  # noqa: BLE001 - e.g. a task path that is not a task
+        return _failed(job, exc, retryable=False)
     try:
         value = spec.run(job)
-        return Outcome(job, ok=True, result=jobqueue.dump_payload(value))
     except Fail as exc:
-        return _failed(job, exc, retryable=False, delay=0.0)
+        return _failed(job, exc, retryable=False)
     except BaseException as exc:  # noqa: BLE001 - a handler must never kill the worker
         return _failed(job, exc, retryable=True, delay=spec.delay(job.attempt))
-    finally:
+    try:
+        return Outcome(job, ok=True, result=jobqueue.dump_payload(value, "the handler's return value"))
+    except ValueError as exc:
+        return _failed(job, BadResult(str(exc)), retryable=False)
+
+
+def _close_old_connections() -> None:
+    """Django's per-request connection hygiene, per job; its own failures are no news."""
+    try:
         close_old_connections()
+    except Exception:  # noqa: BLE001 - a dead connection is reopened on next use
+        log.debug("closing old connections failed", exc_info=True)
 
 
-def _failed(job: ClaimedJob, exc: BaseException, retryable: bool, delay: float) -> Outcome:
-    trace = "".join(traceback.format_exception(exc))
-    return Outcome(job, ok=False, error=(_class_path(exc), str(exc), trace), retryable=retryable, delay=delay)
+def _failed(job: ClaimedJob, exc: BaseException, retryable: bool, delay: float = 0.0) -> Outcome:
+    return Outcome(job, ok=False, error=describe(exc), retryable=retryable, delay=delay)
+
+
+def handler_grace() -> float:
+    value = getattr(settings, "LEASES_HANDLER_GRACE", HANDLER_GRACE)
+    return check_seconds(value, "LEASES_HANDLER_GRACE")
 
 
 class WorkerHold(Hold):
@@ -159,6 +224,7 @@ class Stats:
     succeeded: int = 0
     failed: int = 0
     recovered: int = 0
+    bounced: int = 0
     claims: int = 0
     started: float = field(default_factory=time.monotonic)
 
@@ -185,11 +251,12 @@ class Worker:
         self.all_queues = self.queues == ["*"]
         self.concurrency = concurrency
         self.poll = poll
-        self.ttl = ttl
+        self.ttl = check_seconds(ttl, "ttl", minimum=MIN_TTL)
         self.burst = burst
         self.max_jobs = max_jobs
         self.grace = grace
         self.using = db.alias(using)
+        self.handler_grace = handler_grace()
         self.stats = Stats()
         self.running: dict[int, ClaimedJob] = {}
         self.hold: WorkerHold | None = None
@@ -198,7 +265,12 @@ class Worker:
         self._stop_requests = 0
         self._active: tuple[float, list[str]] = (0.0, [])
         self._finished_keys: set[str] = set()
+        #: Outcomes not written yet (the database failed): their jobs stay ours.
         self._pending: list[Outcome] = []
+        #: A claim failed after it may have committed: look up what we hold first.
+        self._claim_unsure = False
+        #: When a --burst worker may leave: its own retries due soon have run by then.
+        self._retries_until = 0.0
 
     @property
     def name(self) -> str:
@@ -228,6 +300,23 @@ class Worker:
         )
         log.info("worker %s started: queues %s, concurrency %d", holder, ",".join(self.queues), self.concurrency)
 
+    def _register_when_up(self) -> bool:
+        """Register, waiting out a database outage (saying so); False if stopped meanwhile."""
+        started = said = time.monotonic()
+        while True:
+            try:
+                self.register()
+                return True
+            except DatabaseError as exc:
+                if not db.transient(exc):
+                    raise
+                if self.stopping:
+                    return False
+                if time.monotonic() - said >= 30 or said == started:
+                    said = time.monotonic()
+                    log.warning("worker: database unavailable for %.0fs, waiting to start: %s", said - started, exc)
+                time.sleep(2.0)
+
     def stop(self) -> None:
         """First call: finish gracefully. Second call: exit at once (jobs are recovered later)."""
         self._stop_requests += 1
@@ -242,8 +331,8 @@ class Worker:
         return self._stop_at is not None
 
     def run(self) -> Stats:
-        if self.hold is None:
-            self.register()
+        if self.hold is None and not self._register_when_up():
+            return self.stats
         threads = _Threads(self.concurrency, self._done)
         next_beat = time.monotonic() + self.ttl / 3
         next_recover = 0.0
@@ -269,16 +358,30 @@ class Worker:
                         break
                     self._flush(self._collect(wait=self._wait_time()))
                 except DatabaseError as exc:
-                    # Outcomes not yet written stay pending; the heartbeat keeps their
-                    # jobs ours meanwhile. Beyond the ttl they are recovered elsewhere.
+                    # Outcomes not yet written stay pending, and the heartbeat keeps their
+                    # jobs ours once it gets through. Beyond the ttl they are recovered.
                     log.error("worker %s: database error, retrying in 1s: %s", self.name, exc)
+                    if self.stopping and time.monotonic() >= self._stop_at:
+                        log.error("worker %s: grace over with the database failing; its jobs lapse"
+                                  " and other workers recover them", self.name)
+                        break
                     time.sleep(1.0)
-            if self.running:
-                self.hand_back()
-            self.trim()
+            self._leave()
         finally:
             self._shutdown(threads)
         return self.stats
+
+    def _leave(self) -> None:
+        """On the way out: write what finished, hand back the rest, trim; best effort, as
+        what is left lapses and is recovered by other workers."""
+        try:
+            self._flush([])
+            if self.running or self._claim_unsure:
+                self.hand_back()
+            self.trim()
+        except DatabaseError as exc:
+            log.error("worker %s: could not hand back its jobs (%s); they are recovered when their"
+                      " leases lapse", self.name, exc)
 
     def _should_exit(self, busy: int) -> bool:
         """`busy`: jobs claimed or finished in this round (burst mode goes on while any)."""
@@ -288,7 +391,9 @@ class Worker:
             return time.monotonic() >= self._stop_at
         if self.max_jobs is not None and self.stats.claimed >= self.max_jobs and not self.running:
             return True
-        return self.burst and not busy and not self.running
+        if not self.burst or busy or self.running or self._pending:
+            return False
+        return time.monotonic() >= self._retries_until
 
     def _wait_time(self) -> float:
         wait = self.poll
@@ -313,8 +418,9 @@ class Worker:
             except Exception:  # noqa: BLE001 - the row lapses on its own
                 log.warning("worker %s: could not release its row", self.name, exc_info=True)
         log.info(
-            "worker %s stopped: %d claimed, %d succeeded, %d failed, %d recovered",
+            "worker %s stopped: %d claimed, %d succeeded, %d failed, %d recovered, %d bounced",
             self.name, self.stats.claimed, self.stats.succeeded, self.stats.failed, self.stats.recovered,
+            self.stats.bounced,
         )
 
     # -- claiming -----------------------------------------------------------------------
@@ -344,28 +450,45 @@ class Worker:
         jobs = self.claim(free)
         now = time.monotonic()
         for job in jobs:
+            try:
+                job.handler = handler_for(job)
+            except (UnknownHandler, ImportError, ImproperlyConfigured) as exc:
+                # Not deployed here (yet): back to the queue for a worker that has it.
+                self._pending.append(Outcome(job, ok=False, error=describe(exc), bounce=True))
+                continue
+            except Exception:  # noqa: BLE001 - execute() fails the attempt with this error
+                pass
             self.running[job.id] = job
-            timeout = self._timeout(job)
+            timeout = getattr(job.handler, "timeout", None)
             job.deadline = now + timeout if timeout else None
             threads.submit(job)
         return len(jobs)
 
-    @staticmethod
-    def _timeout(job: ClaimedJob) -> float | None:
-        try:
-            return handler_for(job).timeout
-        except Exception:  # noqa: BLE001 - execute() reports the missing handler
-            return None
-
     def claim(self, limit: int) -> list[ClaimedJob]:
-        """Claim up to `limit` due jobs, highest priority first, then oldest run time."""
+        """Claim up to `limit` due jobs, highest priority first, then oldest run time.
+
+        After a claim whose outcome is unknown (the connection died, maybe after COMMIT),
+        first take back what is running under this worker's name and not known here.
+        """
         active = self.active_queues()
-        if not active:
+        if not active and not self._claim_unsure:
             return []
         name = self.name
+        known = set(self.running) | {outcome.job.id for outcome in self._pending}
 
         def work(cursor: Any, resumed: bool) -> list[ClaimedJob]:
             st = statements(cursor.db, "job")
+            if resumed or self._claim_unsure:
+                cursor.execute(st.mine, (name,))
+                found = [row for row in cursor.fetchall() if row[0] not in known]
+                if found:
+                    log.warning(
+                        "worker %s: took back %d job(s) claimed before a lost reply: %s", name, len(found),
+                        ", ".join(f"{row[4]} #{row[0]}" for row in found),
+                    )
+                    return [self._claimed(row, name, taken=True) for row in found]
+            if not active:
+                return []
             with db.write_transaction(self.using):
                 rows: list[tuple] = []
                 for queue in active:
@@ -382,19 +505,24 @@ class Worker:
                     cursor.execute(st.taken + jobqueue._in(ids), (name, *ids))
                     won = {row[0] for row in cursor.fetchall()}
                     rows = [row for row in rows if row[0] in won]
-            return [
-                ClaimedJob(
-                    id=row[0], priority=row[1], queue=row[3], name=row[4], backend=row[5],
-                    payload=json.loads(row[6]) if isinstance(row[6], (str, bytes)) else row[6],
-                    attempt=row[7] + 1, max_attempts=row[8], key=row[9], worker=name,
-                )
-                for row in rows
-            ]
+            return [self._claimed(row, name, taken=False) for row in rows]
 
+        self._claim_unsure = True
         jobs = db.run(work, self.using)
+        self._claim_unsure = False
         self.stats.claims += 1
         self.stats.claimed += len(jobs)
         return jobs
+
+    @staticmethod
+    def _claimed(row: tuple, worker: str, taken: bool) -> ClaimedJob:
+        """A claimed row; `taken`: read after the claim, else before it (one less)."""
+        step = 0 if taken else 1
+        return ClaimedJob(
+            id=row[0], priority=row[1], queue=row[3], name=row[4], backend=row[5],
+            payload=json.loads(row[6]) if isinstance(row[6], (str, bytes)) else row[6],
+            attempt=row[7] + step, max_attempts=row[8], key=row[9], claims=row[10] + step, worker=worker,
+        )
 
     # -- outcomes -----------------------------------------------------------------------
 
@@ -416,26 +544,75 @@ class Worker:
     def _expire_timeouts(self, threads: _Threads) -> int:
         now = time.monotonic()
         late = [job for job in self.running.values() if job.deadline is not None and job.deadline <= now]
-        outcomes = []
         for job in late:
             job.abandoned = True
             del self.running[job.id]
             threads.add()  # the stuck thread keeps running; its slot gets a new thread
-            exc = TimeoutError(f"job ran longer than its timeout of {self._timeout(job)}s")
-            outcomes.append(_failed(job, exc, retryable=True, delay=handler_for(job).delay(job.attempt)))
+            exc = TimeoutError(f"job ran longer than its timeout of {job.handler.timeout:g}s")
+            self._pending.append(_failed(job, exc, retryable=True, delay=job.handler.delay(job.attempt)))
             log.warning("worker %s: job %s #%d timed out (attempt %d)", self.name, job.name, job.id, job.attempt)
-        self._flush(outcomes)
-        return len(outcomes)
+        self._flush([])
+        return len(late)
 
     def _flush(self, outcomes: list[Outcome]) -> None:
-        """Write the new outcomes with any an earlier database error left pending."""
+        """Write the new outcomes with any an earlier database error left pending.
+
+        If the batch fails and the database still answers, one outcome must be at fault
+        (a value it refuses, a statement too large): each is then written alone, and one
+        refused alone is replaced by a failure saying why, so no outcome blocks the rest.
+        """
         self._pending += outcomes
-        if self._pending:
-            self.finish(self._pending)
-            self._pending = []
+        if not self._pending:
+            return
+        batch, self._pending = self._pending, []
+        try:
+            self.finish(batch)
+            return
+        except (DatabaseError, ValueError) as exc:
+            if self._outage(exc):
+                self._pending = batch
+                raise
+            log.warning("worker %s: writing %d outcome(s) failed (%s); writing them one by one",
+                        self.name, len(batch), exc)
+        for index, outcome in enumerate(batch):
+            try:
+                self._write_alone(outcome)
+            except DatabaseError:
+                self._pending = batch[index:]
+                raise
+
+    def _write_alone(self, outcome: Outcome) -> None:
+        try:
+            self.finish([outcome])
+            return
+        except (DatabaseError, ValueError) as exc:
+            if self._outage(exc):
+                raise
+            refused = exc
+        job = outcome.job
+        log.error("worker %s: the database refused the outcome of %s #%d (%s); failing the attempt"
+                  " with that error instead", self.name, job.name, job.id, refused)
+        try:
+            self.finish([outcome.refused(refused)])
+        except (DatabaseError, ValueError) as exc:
+            if self._outage(exc):
+                raise
+            log.error("worker %s: could not record that either (%s): %s #%d is recovered when its lease"
+                      " lapses", self.name, exc, job.name, job.id)
+
+    def _outage(self, exc: Exception) -> bool:
+        """Whether `exc` came from the database being away rather than from what was sent:
+        a transient error, and the database does not answer a trivial query either."""
+        if not (isinstance(exc, DatabaseError) and db.transient(exc)):
+            return False
+        try:
+            db.run(lambda cursor, resumed: cursor.execute("SELECT 1"), self.using, attempts=2)
+        except DatabaseError:
+            return True
+        return False
 
     def finish(self, outcomes: list[Outcome]) -> None:
-        """Write outcomes in one transaction; each only if its attempt is still running."""
+        """Write outcomes in one transaction; each only if its claim is still running."""
         wins: dict[str, list[Outcome]] = {}
         losses = []
         for outcome in outcomes:
@@ -443,61 +620,98 @@ class Worker:
                 wins.setdefault(outcome.result, []).append(outcome)
             else:
                 losses.append(outcome)
+        grace = self.handler_grace
+        written: dict[int, str] = {}
 
-        def work(cursor: Any, resumed: bool) -> int:
+        def work(cursor: Any, resumed: bool) -> None:
             st = statements(cursor.db, "job")
             seconds = db.dialect(cursor.db).seconds
-            written = 0
+            written.clear()
             with db.write_transaction(self.using):
                 for result, group in wins.items():
                     params: list = [result]
                     for outcome in group:
-                        params += [outcome.job.id, outcome.job.attempt]
+                        params += [outcome.job.id, outcome.job.claims]
                     cursor.execute(st.succeed + _pairs(len(group)), params)
-                    written += cursor.rowcount
                 for outcome in losses:
                     job = outcome.job
-                    if outcome.retryable and job.attempt < job.max_attempts:
-                        cursor.execute(st.retry, (seconds(outcome.delay), job.id, job.attempt))
+                    fence = (job.id, job.claims)
+                    if outcome.bounce:
+                        cursor.execute(st.unhandled, (*fence, seconds(-grace)))
+                        if cursor.rowcount != 1:
+                            cursor.execute(st.bounce, (seconds(BOUNCE_DELAY), *fence))
+                            written[job.id] = "bounced" if cursor.rowcount == 1 else ""
+                            continue
+                        written[job.id] = "unhandled"
+                    elif outcome.retryable and job.attempt < job.max_attempts:
+                        cursor.execute(st.retry, (seconds(outcome.delay), *fence))
+                        written[job.id] = "retry"
                     else:
-                        status = Job.DEAD if outcome.retryable else Job.FAILED
-                        cursor.execute(st.bury, (status, job.id, job.attempt))
+                        cursor.execute(st.bury, (Job.DEAD if outcome.retryable else Job.FAILED, *fence))
+                        written[job.id] = "dead" if outcome.retryable else "failed"
                     if cursor.rowcount == 1:  # a fenced-out attempt records nothing
                         cursor.execute(st.error, (job.id, job.attempt, *outcome.error, self.name))
-            return written
+                    else:
+                        written[job.id] = ""
 
         db.run(work, self.using)
-        self.stats.succeeded += sum(len(group) for group in wins.values())
-        self.stats.failed += len(losses)
+        self._report(outcomes, written)
+
+    def _report(self, outcomes: list[Outcome], written: dict[int, str]) -> None:
+        """Count and log outcomes once they are written; remember retries due soon."""
         for outcome in outcomes:
-            self._finished_keys.add(outcome.job.key)
-            if not outcome.ok:
-                log.warning(
-                    "job %s #%d attempt %d/%d failed: %s: %s", outcome.job.name, outcome.job.id,
-                    outcome.job.attempt, outcome.job.max_attempts, outcome.error[0], outcome.error[1],
-                )
+            job = outcome.job
+            self._finished_keys.add(job.key)
+            if outcome.ok:
+                self.stats.succeeded += 1
+                continue
+            what = written.get(job.id, "")
+            if what == "bounced":
+                self.stats.bounced += 1
+                log.warning("worker %s: no handler here for %s #%d (%s); back to the queue in %gs for a worker"
+                            " that has it (it fails after %gs without one)", self.name, job.name, job.id,
+                            outcome.error[1], BOUNCE_DELAY, self.handler_grace)
+                continue
+            self.stats.failed += 1
+            if what == "retry":
+                if outcome.delay <= BURST_RETRY_WAIT:
+                    self._retries_until = max(self._retries_until, time.monotonic() + outcome.delay + 1.0)
+                log.warning("job %s #%d attempt %d/%d failed, retry in %.1fs: %s: %s", job.name, job.id,
+                            job.attempt, job.max_attempts, outcome.delay, outcome.error[0], outcome.error[1])
+            elif what == "unhandled":
+                log.error("job %s #%d failed: no worker had its handler for %gs", job.name, job.id,
+                          self.handler_grace)
+            elif what:
+                log.error("job %s #%d %s after attempt %d/%d: %s: %s", job.name, job.id, what, job.attempt,
+                          job.max_attempts, outcome.error[0], outcome.error[1])
 
     def hand_back(self) -> int:
-        """Put the attempts still running back to ready (shutdown after the grace period)."""
-        jobs = list(self.running.values())
-        params: list = [self.name]
-        for job in jobs:
+        """Put every attempt still running under this worker's name back to ready, without
+        using up a try: the unfinished ones, and any whose claim reply was lost."""
+        for job in self.running.values():
             job.abandoned = True
-            params += [job.id, job.attempt]
+        keep = [outcome.job.id for outcome in self._pending]  # finished: never run twice
+        params: list = [self.name, *keep]
 
         def work(cursor: Any, resumed: bool) -> int:
-            cursor.execute(statements(cursor.db, "job").hand_back + _pairs(len(jobs)), params)
+            sql = statements(cursor.db, "job").hand_back
+            cursor.execute(sql + (" AND id NOT IN (" + jobqueue._in(keep) if keep else ""), params)
             return cursor.rowcount
 
         count = db.run(work, self.using)
         self.running.clear()
+        self._claim_unsure = False
         log.warning("worker %s: handed %d unfinished job(s) back to the queue", self.name, count)
         return count
 
     # -- heartbeat, recovery, history ---------------------------------------------------
 
+    def _ours(self) -> list[int]:
+        """Jobs this worker runs or has finished without writing: their leases are its."""
+        return [*self.running, *(outcome.job.id for outcome in self._pending)]
+
     def heartbeat(self) -> None:
-        """Renew the worker's lease and the leases of its running jobs."""
+        """Renew the worker's lease and the leases of the jobs it runs, and only those."""
         assert self.hold is not None
         try:
             self.hold.renew()
@@ -506,10 +720,14 @@ class Worker:
             log.error("worker %s: its lease lapsed (stalled longer than %.0fs); registering again", old, self.ttl)
             self.register()
             self._adopt(old)
+        ids = self._ours()
+        if not ids:
+            return
         name = self.name
 
         def work(cursor: Any, resumed: bool) -> None:
-            cursor.execute(statements(cursor.db, "job").extend, (db.dialect(cursor.db).seconds(self.ttl), name))
+            sql = statements(cursor.db, "job").extend + jobqueue._in(ids)
+            cursor.execute(sql, (db.dialect(cursor.db).seconds(self.ttl), name, *ids))
 
         db.run(work, self.using)
 
@@ -523,31 +741,37 @@ class Worker:
         db.run(work, self.using)
         for job in self.running.values():
             job.worker = name
+        for outcome in self._pending:
+            outcome.job.worker = name
 
     def recover(self) -> int:
         """Put back the jobs of workers whose heartbeat lapsed: ready, or dead when out of
-        attempts. Any live worker does this; SKIP LOCKED keeps them from colliding."""
+        attempts. Any live worker does this; SKIP LOCKED keeps them from colliding. This
+        worker's own jobs are left alone when it still runs them (its heartbeat was late)."""
+        name, ours = self.name, set(self._ours())
 
-        def work(cursor: Any, resumed: bool) -> int:
+        def work(cursor: Any, resumed: bool) -> tuple[int, bool]:
+            """(jobs recovered, whether a full batch was read and more may wait)."""
             st = statements(cursor.db, "job")
             with db.write_transaction(self.using):
                 cursor.execute(st.lapsed, (RECOVER_BATCH,))
                 lapsed = cursor.fetchall()
                 recovered = 0
-                for job_id, attempt, worker in lapsed:
-                    cursor.execute(st.recover, (job_id, attempt))
+                for job_id, claims, attempt, worker in lapsed:
+                    if worker == name and job_id in ours:
+                        continue
+                    cursor.execute(st.recover, (job_id, claims))
                     if cursor.rowcount == 1:
                         recovered += 1
-                        message = f"worker {worker} stopped heartbeating; recovered by {self.name}"
-                        cursor.execute(st.error, (job_id, attempt, _class_path(WorkerLost()), message, "", worker))
+                        message = f"worker {worker} stopped heartbeating; recovered by {name}"
+                        cursor.execute(st.error, (job_id, attempt, *describe(WorkerLost(message))[:2], "", worker))
                 cursor.execute(statements(cursor.db, "worker").forget, (db.dialect(cursor.db).seconds(-FORGET_AFTER),))
-            return recovered
+            return recovered, len(lapsed) == RECOVER_BATCH and recovered > 0
 
-        total = 0
-        while (count := db.run(work, self.using)) > 0:
+        total, more = 0, True
+        while more:
+            count, more = db.run(work, self.using)
             total += count
-            if count < RECOVER_BATCH:
-                break
         if total:
             log.warning("worker %s recovered %d job(s) of lapsed workers", self.name, total)
         self.stats.recovered += total
