@@ -4,6 +4,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -17,6 +18,7 @@ from django.core.management.base import OutputWrapper
 
 from leases import Pool
 from leases.management.commands import lease as lease_command
+from leases.management.lines import MAX_LINE, entries
 from leases.models import Resource
 from leases.pool import db_now
 from leases.progress import Progress
@@ -196,8 +198,14 @@ def test_remove_release_quarantine_unquarantine_and_stats(pool):
         (["run", "nope", "--", "true"], "pool 'nope' has no resources"),
         (["run", POOL, "--ttl", "0", "--", "true"], "ttl must be a finite number of seconds > 0"),
         (["run", POOL, "--wait", "-1", "--", "true"], "wait must be a finite number of seconds >= 0"),
-        (["run", POOL, "--grace", "-1", "--", "true"], "grace must be a number of seconds >= 0"),
+        (["run", POOL, "--grace", "-1", "--", "true"], "grace must be a finite number of seconds >= 0"),
         (["run", POOL], "no command given"),
+        (["add", POOL, "r3", "--data", "[" * 100_000 + "]" * 100_000], "--data is nested too deeply"),
+        (["add", POOL, "r3", "--data", "[" * 40 + "]" * 40], "data is nested deeper than 31 levels"),
+        (["run", POOL, "--ttl", "4e8", "--", "true"], "ttl must be at most 3.1536e+08 seconds (10 years)"),
+        (["run", POOL, "--wait", "4e8", "--", "true"], "wait must be at most 3.1536e+08 seconds (10 years)"),
+        (["run", POOL, "--grace", "4e8", "--", "true"], "grace must be at most 3.1536e+08 seconds (10 years)"),
+        (["quarantine", POOL, "r1", "--for", "4000d"], "duration '4000d' must be at most 3.1536e+08 seconds"),
     ],
 )
 def test_bad_input_exits_2_with_one_line_and_writes_nothing(pool, args, message):
@@ -219,6 +227,78 @@ def test_import_with_a_bad_line_adds_nothing_and_names_the_line(pool, tmp_path, 
     assert done.returncode == 2
     assert done.stderr.count("\n") == 1 and ", line 3: " in done.stderr
     assert snapshot() == before
+
+
+@pytest.mark.django_db
+def test_import_drops_a_byte_order_mark_and_takes_crlf_lines(tmp_path):
+    file = tmp_path / "proxies.csv"
+    file.write_bytes('\ufeffa\r\nb,{"url": "http://b"}\r\n'.encode())
+    assert lease("import", POOL, str(file))[0] == "2 added to proxies (0 already there)\n"
+    assert {r.name: r.data for r in Pool(POOL).resources()} == {"a": {}, "b": {"url": "http://b"}}
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (b"a\nb\n" + b"c" * (MAX_LINE + 1) + b"\nd\n", "line 3: longer than 65536 bytes"),
+        (b"a\n" + b"x" * 10 * MAX_LINE, "line 2: longer than 65536 bytes"),
+        (b"a\nb\xff\n", "line 2: not UTF-8 text"),
+        (b"a\n\xef\xbb\xbfb\n", "line 2: resource name must not contain control or invisible characters"),
+        (b"a,{}\nb," + b"[" * 20_000 + b"]" * 20_000 + b"\n", "line 2: data is nested too deeply"),
+    ],
+    ids=["long line", "no line breaks", "not utf-8", "bom inside", "deep json"],
+)
+def test_import_of_a_bad_file_exits_2_with_one_line_and_writes_nothing(pool, tmp_path, content, message):
+    file = tmp_path / "bad.csv"
+    file.write_bytes(content)
+    before = snapshot()
+    with pytest.raises(CommandError) as caught:
+        lease("import", POOL, str(file))
+    assert caught.value.returncode == 2
+    assert message in str(caught.value) and "\n" not in str(caught.value)
+    assert snapshot() == before
+
+
+def test_entries_streams_lines_up_to_the_bound(tmp_path):
+    file = tmp_path / "lines.txt"
+    file.write_bytes(b"\xef\xbb\xbf# comment\n\n  one  \r\n" + b"x" * MAX_LINE + b"\r\nlast")
+    assert [(n, len(line)) for n, line in entries(str(file))] == [(3, 3), (4, MAX_LINE), (5, 4)]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_import_of_an_endless_file_fails_fast_in_little_memory(pool, child_env, manage):
+    limit = 1 << 30  # address space: reading /dev/zero whole would blow through it
+
+    def cap_memory():
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+    before = snapshot()
+    argv = [*manage, "lease", "import", POOL, "/dev/zero"]
+    done = subprocess.run(argv, env=child_env, capture_output=True, text=True, timeout=60, preexec_fn=cap_memory)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr == "CommandError: /dev/zero, line 1: longer than 65536 bytes\n"
+    assert snapshot() == before
+
+
+@pytest.mark.django_db
+def test_list_escapes_control_and_invisible_characters(pool):
+    later = db_now() + timedelta(hours=1)
+    # Rows the ORM wrote without the checks names get on the way in.
+    Resource.objects.create(pool=POOL, name="evil\x1b[2J\nname\u202e", holder="h\x07:1:ab", busy_before=later)
+    Resource.objects.create(
+        pool="p\x1b]0;title\x07", name="q\u200b", quarantined_until=later, busy_before=later,
+        quarantine_reason="banned\r\n\x1b[31mred",
+    )
+    out = lease("list")[0]
+    assert not any(c in out for c in "\x1b\x07\r\u202e\u200b")
+    lines = out.splitlines()
+    assert len(lines) == 5  # header and four rows: no row broke into two
+    assert "evil\\x1b[2J\\x0aname\\u202e" in out and "h\\x07:1:ab" in out
+    assert lines[1].startswith("p\\x1b]0;title\\x07  q\\u200b ")
+    assert lines[1].endswith(" banned\\x0d\\x0a\\x1b[31mred")
+    pool_only = lease("list", POOL)[0]
+    assert "\x1b" not in pool_only and "evil\\x1b[2J\\x0aname" in pool_only
 
 
 @pytest.mark.django_db

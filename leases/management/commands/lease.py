@@ -1,35 +1,43 @@
 """`manage.py lease`: manage resource pools, and run a command while holding a lease.
 
-Exit codes: 0 done; 2 bad input (nothing written); 75 (EX_TEMPFAIL) no free resource
-within --wait, or `run` lost its lease and stopped its command; 127 `run` could not
-start its command. Otherwise `run` exits with its command's code (128 + N when the
-command died of signal N).
+Exit codes: 0 done; 2 bad input (nothing written); 75 (EX_TEMPFAIL) the database is
+unreachable, no free resource within --wait, or `run` lost its lease and stopped its
+command; 127 `run` could not start its command. Otherwise `run` exits with its
+command's code (128 + N when the command died of signal N).
 """
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import signal
 import subprocess
+import time
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
+from django.db import DatabaseError, InterfaceError
 
 from leases import db
 from leases.durations import parse_duration
+from leases.management.base import EX_TEMPFAIL, EX_USAGE, LeasesCommand
 from leases.management.lines import bad_line, entries
 from leases.exceptions import NoResourceAvailable, UnknownPool, UnknownResource
-from leases.lease import Heartbeat, Lease
+from leases.lease import Heartbeat, Lease, release_within
 from leases.models import RESOURCE_NAME_LENGTH, Resource
 from leases.pool import Pool, check_data, db_now
-from leases.validation import check_name
+from leases.validation import check_name, check_seconds, check_ttl, check_wait
 from leases.progress import Progress
 
-EX_TEMPFAIL = 75
+log = logging.getLogger("leases")
+
 EX_NOTFOUND = 127
 #: How often `run` checks its command and its lease, in seconds.
 POLL = 0.1
+#: The longest `run` waits, after its command ended, to stop the heartbeat and release.
+#: Past it the lease is left to free itself when its ttl runs out.
+RELEASE_WAIT = 5.0
 
 
 class _Parser(CommandParser):
@@ -61,6 +69,17 @@ def seconds(text: str) -> float:
     return value
 
 
+def parse_json(text: str, what: str) -> Any:
+    """`text` as JSON; ValueError (one line) when it is not, or is nested too deeply to
+    parse (json.loads raises RecursionError for that)."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError(f"{what} is nested too deeply") from None
+    except ValueError as exc:  # json.JSONDecodeError is one
+        raise ValueError(f"{what} is not valid JSON: {exc}") from None
+
+
 def read_resources(path: str) -> dict[str, Any]:
     """Parse a file of `name` or `name,json-data` lines; say which line is wrong.
 
@@ -72,11 +91,30 @@ def read_resources(path: str) -> dict[str, Any]:
         name, comma, raw = line.partition(",")
         try:
             name = check_name(name.strip(), "resource name", RESOURCE_NAME_LENGTH)
-            data = json.loads(raw) if comma and raw.strip() else None
+            data = parse_json(raw, "data") if comma and raw.strip() else None
             resources[name] = check_data(data)
-        except ValueError as exc:  # json.JSONDecodeError is one
+        except ValueError as exc:
             raise bad_line(path, number, line, exc) from None
     return resources
+
+
+def shown(text: str) -> str:
+    """`text` safe to print on a terminal: control and invisible characters (escape
+    sequences, newlines, bidirectional overrides, zero-width spaces) as \\x.., \\u....
+
+    Names are checked on the way in, but rows written earlier or through the ORM can
+    hold anything, and a raw ESC would let a stored value drive the operator's terminal.
+    """
+    if text.isprintable():
+        return text
+    return "".join(char if char.isprintable() else _escape(char) for char in text)
+
+
+def _escape(char: str) -> str:
+    code = ord(char)
+    if code <= 0xFF:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
 
 
 def table(rows: list[list[str]]) -> str:
@@ -85,12 +123,12 @@ def table(rows: list[list[str]]) -> str:
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows)
 
 
-class Command(BaseCommand):
+class Command(LeasesCommand):
     help = (
         "Manage resource pools, or run a command while holding a lease. Exit codes: 0 done, "
-        "2 bad input (nothing written), 75 no free resource within --wait or lease lost "
-        "(run stopped its command), 127 run could not start its command; otherwise run exits "
-        "with its command's code."
+        "2 bad input (nothing written), 75 database unreachable, no free resource within --wait "
+        "or lease lost (run stopped its command), 127 run could not start its command; otherwise "
+        "run exits with its command's code."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -149,17 +187,13 @@ class Command(BaseCommand):
     def handle(self, *args: Any, action: str, pool: str | None, **options: Any) -> None:
         try:
             getattr(self, f"_{action}")(None if pool is None else Pool(pool), **options)
-        except (ValueError, UnknownPool, UnknownResource) as exc:
-            raise CommandError(str(exc), returncode=2) from None
+        except (UnknownPool, UnknownResource) as exc:
+            raise CommandError(str(exc), returncode=EX_USAGE) from None
         except NoResourceAvailable as exc:
             raise CommandError(str(exc), returncode=EX_TEMPFAIL) from None
 
     def _add(self, pool: Pool, name: str, data: str | None, **options: Any) -> None:
-        try:
-            value = None if data is None else json.loads(data)
-        except ValueError as exc:
-            raise CommandError(f"--data is not valid JSON: {exc}", returncode=2) from None
-        created = pool.add(name, value)
+        created = pool.add(name, None if data is None else parse_json(data, "--data"))
         self.stdout.write(f"{'added' if created else 'already there:'} {pool.name}/{name}")
 
     def _import(self, pool: Pool, file: str, **options: Any) -> None:
@@ -178,32 +212,33 @@ class Command(BaseCommand):
         lines = [["POOL", "NAME", "STATE", "HOLDER", "EXPIRES IN", "TOKEN", "QUARANTINE"]]
         for r in rows:
             state = r.state_at(now)
-            line = [r.pool, r.name, state, "", "", str(r.token), ""]
+            line = [shown(r.pool), shown(r.name), state, "", "", str(r.token), ""]
             if state == Resource.HELD:
-                line[3], line[4] = r.holder, f"{math.ceil((r.busy_before - now).total_seconds())}s"
+                line[3], line[4] = shown(r.holder), f"{math.ceil((r.busy_before - now).total_seconds())}s"
             elif state == Resource.QUARANTINED:
                 line[4] = f"{math.ceil((r.quarantined_until - now).total_seconds())}s"
-                line[6] = f"until {r.quarantined_until:%Y-%m-%d %H:%M:%S}Z {r.quarantine_reason}"
+                line[6] = f"until {r.quarantined_until:%Y-%m-%d %H:%M:%S}Z {shown(r.quarantine_reason)}"
             lines.append(line)
         self.stdout.write(table([line[1:] if pool else line for line in lines]))
 
     def _remove(self, pool: Pool, name: str, **options: Any) -> None:
         if not pool.remove(name):
             raise UnknownResource(f"no resource {name!r} in pool {pool.name!r}")
-        self.stdout.write(f"removed {pool.name}/{name}")
+        self.stdout.write(f"removed {pool.name}/{shown(name)}")
 
     def _release(self, pool: Pool, name: str, **options: Any) -> None:
         released = pool.release(name)
-        self.stdout.write(f"released {pool.name}/{name}" if released else f"{pool.name}/{name} was not held")
+        where = f"{pool.name}/{shown(name)}"
+        self.stdout.write(f"released {where}" if released else f"{where} was not held")
 
     def _quarantine(self, pool: Pool, name: str, duration: str, reason: str, **options: Any) -> None:
         seconds = parse_duration(duration)
         pool.quarantine(name, seconds, reason)
-        self.stdout.write(f"quarantined {pool.name}/{name} for {seconds:g}s")
+        self.stdout.write(f"quarantined {pool.name}/{shown(name)} for {seconds:g}s")
 
     def _unquarantine(self, pool: Pool, name: str, **options: Any) -> None:
         done = pool.unquarantine(name)
-        self.stdout.write(f"{pool.name}/{name} " + ("is back in service" if done else "was not quarantined"))
+        self.stdout.write(f"{pool.name}/{shown(name)} " + ("is back in service" if done else "was not quarantined"))
 
     def _stats(self, pool: Pool, **options: Any) -> None:
         stats = pool.stats()
@@ -216,23 +251,34 @@ class Command(BaseCommand):
     ) -> None:
         if not command:
             raise ValueError("no command given (lease run POOL [options] -- COMMAND ARGS...)")
-        if grace < 0:
-            raise ValueError(f"grace must be a number of seconds >= 0, not {grace:g}")
+        check_ttl(ttl)
+        check_wait(wait)
+        check_seconds(grace, "grace")
         lease = pool.acquire(ttl=ttl, wait=wait)
         heartbeat = Heartbeat(lease)
         heartbeat.start()
         try:
             code = self._supervise(lease, command, grace)
         finally:
-            heartbeat.stop()
-            lease.release()
+            self._let_go(lease, heartbeat)
         if code is None:
-            raise CommandError(
-                f"{lease} was lost (expired, released or quarantined); stopped the command",
-                returncode=EX_TEMPFAIL,
-            )
+            why = "expired, released or quarantined" if lease.lost else "no renewal was answered in time"
+            raise CommandError(f"{lease} was lost ({why}); stopped the command", returncode=EX_TEMPFAIL)
         if code:
             raise SystemExit(code)
+
+    @staticmethod
+    def _let_go(lease: Lease, heartbeat: Heartbeat) -> None:
+        """Stop the heartbeat and release within RELEASE_WAIT seconds, never past the
+        lease's local deadline, so a database that is down or hung cannot hold the exit
+        (a renewal stuck in it keeps `Hold._lock`). A release that fails or times out
+        is a warning, not a new exit code: the lease frees itself when its ttl runs out."""
+        deadline = time.monotonic() + min(RELEASE_WAIT, lease.remaining())
+        heartbeat.stop(deadline - time.monotonic())
+        try:
+            release_within(lease, deadline - time.monotonic())
+        except (DatabaseError, InterfaceError, TimeoutError) as exc:
+            log.warning("could not release %s (%s); it frees itself within %gs", lease, exc, lease.ttl)
 
     def _supervise(self, lease: Lease, command: list[str], grace: float) -> int | None:
         """Run `command` while `lease` holds: its exit code, or None if the lease was lost.
