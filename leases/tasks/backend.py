@@ -40,7 +40,7 @@ except ImportError:  # Django 5.2 with the backport
     from django_tasks.signals import task_enqueued, task_finished, task_started
 
 from leases import db
-from leases.exceptions import Fail, QueueFull
+from leases.exceptions import BadResult, Fail, QueueFull
 
 from . import queue as jobqueue
 from . import registry
@@ -186,9 +186,12 @@ class TaskHandler:
                 value = result.task.call(TaskContext(task_result=result), *result.args, **result.kwargs)
             else:
                 value = result.task.call(*result.args, **result.kwargs)
-            value = json.loads(jobqueue.dump_payload(value))
+            try:
+                value = json.loads(jobqueue.dump_payload(value, "the task's return value"))
+            except ValueError as exc:
+                raise BadResult(str(exc)) from None
         except BaseException as exc:
-            final = isinstance(exc, Fail) or claimed.attempt >= claimed.max_attempts
+            final = isinstance(exc, (Fail, BadResult)) or claimed.attempt >= claimed.max_attempts
             if final:  # a retried attempt is not the end of the task
                 object.__setattr__(result, "status", TaskResultStatus.FAILED)
                 result.errors.append(TaskError(exception_class_path=_path(exc), traceback=_trace(exc)))

@@ -156,7 +156,7 @@ def _attempt(job: ClaimedJob) -> Outcome:
         return _failed(job, exc, retryable=False)
     try:
         value = spec.run(job)
-    except Fail as exc:
+    except (Fail, BadResult) as exc:
         return _failed(job, exc, retryable=False)
     except BaseException as exc:  # noqa: BLE001 - a handler must never kill the worker
         return _failed(job, exc, retryable=True, delay=spec.delay(job.attempt))

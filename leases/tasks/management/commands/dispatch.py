@@ -1,7 +1,7 @@
 """`manage.py dispatch`: load, hand out and inspect the task pool of a dispatcher.
 
 Exit codes: 0 done, 1 `check` found a different bucket, 2 bad input (nothing written),
-75 another rebuild of the same dispatcher is running.
+75 another rebuild of the same dispatcher is running, or the database is unavailable.
 """
 from __future__ import annotations
 
@@ -9,16 +9,15 @@ import json
 import math
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
 from leases import Locked
 from leases.durations import parse_duration
+from leases.management.base import EX_TEMPFAIL, LeasesCommand
 from leases.management.lines import bad_line, entries
 from leases.progress import Progress
 from leases.tasks import Dispatcher
 from leases.tasks.models import TaskPool
-
-EX_TEMPFAIL = 75
 
 
 def read_tasks(path: str) -> dict[str, float]:
@@ -37,7 +36,7 @@ def read_tasks(path: str) -> dict[str, float]:
     return tasks
 
 
-class Command(BaseCommand):
+class Command(LeasesCommand):
     help = "Load, hand out and inspect the task pool of a dispatcher."
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -69,8 +68,6 @@ class Command(BaseCommand):
             if action != "load" and not TaskPool.objects.filter(name=name).exists():
                 raise CommandError(f"unknown dispatcher {name!r} (load its pool first)", returncode=2)
             getattr(self, f"_{action}")(dispatcher, **options)
-        except ValueError as exc:
-            raise CommandError(str(exc), returncode=2) from None
         except Locked as exc:
             raise CommandError(f"{exc} (another rebuild is running)", returncode=EX_TEMPFAIL) from None
 

@@ -1,18 +1,20 @@
 """`manage.py leases_prune --older-than 7d`: delete finished jobs (and their errors) in batches.
 
-Ready and running jobs are never touched. Exit 2 on a bad duration or batch size.
+Ready and running jobs are never touched. Exit 2 on a bad duration or batch size, 75 when
+the database is unavailable.
 """
 from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
 from leases.durations import parse_duration
+from leases.management.base import LeasesCommand
 from leases.tasks.queue import prune
 
 
-class Command(BaseCommand):
+class Command(LeasesCommand):
     help = "Delete jobs that finished (succeeded, failed, dead, cancelled) longer ago than --older-than."
 
     def add_arguments(self, parser: CommandParser) -> None:

@@ -23,18 +23,15 @@ MAX_POLL = 60.0
 MAX_CONCURRENCY = 1000
 
 
-def _seconds(what: str, minimum: float = 0.0, above: bool = True, maximum: float | None = None) -> Any:
-    """An argparse type: seconds within bounds, with the bound in the error."""
-
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise CommandError(f"{what} must be a number of seconds, not {text!r}", returncode=EX_USAGE) from None
-        bounds = {"maximum": maximum} if maximum is not None else {}
-        return check_seconds(value, what, minimum=minimum, above=above, **bounds)
-
-    return parse
+def _seconds(text: str, what: str, minimum: float = 0.0, above: bool = True, maximum: float | None = None) -> float:
+    """Seconds within bounds, checked here rather than by argparse, whose errors come
+    with the whole usage text instead of one line."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise CommandError(f"{what} must be a number of seconds, not {text!r}", returncode=EX_USAGE) from None
+    bounds = {"maximum": maximum} if maximum is not None else {}
+    return check_seconds(value, what, minimum=minimum, above=above, **bounds)
 
 
 class Command(LeasesCommand):
@@ -43,18 +40,9 @@ class Command(LeasesCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--queue", default="default", help="queues to serve, comma-separated, or * (default: default)")
         parser.add_argument("--concurrency", type=int, default=4, help="jobs run at once, in threads (default 4)")
-        parser.add_argument(
-            "--poll", type=_seconds("--poll", maximum=MAX_POLL), default=0.05,
-            help="seconds between polls while idle (default 0.05)",
-        )
-        parser.add_argument(
-            "--ttl", type=_seconds("--ttl", minimum=MIN_TTL, above=False), default=30.0,
-            help=f"heartbeat lease in seconds, at least {MIN_TTL:g} (default 30)",
-        )
-        parser.add_argument(
-            "--grace", type=_seconds("--grace", above=False), default=25.0,
-            help="seconds running jobs get to finish on SIGTERM (default 25)",
-        )
+        parser.add_argument("--poll", default="0.05", help="seconds between polls while idle (default 0.05)")
+        parser.add_argument("--ttl", default="30", help=f"heartbeat lease in seconds, at least {MIN_TTL:g} (default 30)")
+        parser.add_argument("--grace", default="25", help="seconds running jobs get to finish on SIGTERM (default 25)")
         parser.add_argument("--burst", action="store_true", help="exit when nothing is ready (after retries due within a minute)")
         parser.add_argument("--max-jobs", type=int, default=None, help="exit after claiming this many jobs")
         parser.add_argument(
@@ -63,6 +51,9 @@ class Command(LeasesCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        poll = _seconds(options["poll"], "--poll", maximum=MAX_POLL)
+        ttl = _seconds(options["ttl"], "--ttl", minimum=MIN_TTL, above=False)
+        grace = _seconds(options["grace"], "--grace", above=False)
         for module in options["imports"]:
             try:
                 import_module(module)
@@ -87,11 +78,11 @@ class Command(LeasesCommand):
         worker = Worker(
             queues=names,
             concurrency=options["concurrency"],
-            poll=options["poll"],
-            ttl=options["ttl"],
+            poll=poll,
+            ttl=ttl,
             burst=options["burst"],
             max_jobs=options["max_jobs"],
-            grace=options["grace"],
+            grace=grace,
         )
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: worker.stop())
