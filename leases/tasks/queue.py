@@ -181,9 +181,7 @@ def queue_settings(name: str, using: str | None = None, create: bool = True) -> 
         cached = _settings.get((using, name))
     if cached and cached[0] > now:
         return cached[1]
-    row = Queue.objects.using(using).filter(name=name).values_list(
-        "paused", "max_length", "when_full", "full_timeout"
-    ).first()
+    row = db.run(_queue_row(name), using)
     if row is None and create:
         known = known_queues(using)
         if name not in known:
@@ -192,11 +190,31 @@ def queue_settings(name: str, using: str | None = None, create: bool = True) -> 
                 " handler or TASKS, or add it as a Queue row"
             )
         if not connections[using].in_atomic_block:
-            Queue.objects.using(using).get_or_create(name=name)
+            db.run(_add_queue(name), using)
     found = QueueSettings(name, *row) if row else QueueSettings(name)
     with _settings_lock:
         _settings[(using, name)] = (now + SETTINGS_TTL, found)
     return found
+
+
+def _queue_row(name: str) -> Callable[[Any, bool], tuple | None]:
+    def work(cursor: Any, resumed: bool) -> tuple | None:
+        cursor.execute(statements(cursor.db, "job").queue, (name,))
+        return cursor.fetchone()
+
+    return work
+
+
+def _add_queue(name: str) -> Callable[[Any, bool], None]:
+    defaults = QueueSettings(name)
+
+    def work(cursor: Any, resumed: bool) -> None:
+        cursor.execute(
+            statements(cursor.db, "job").add_queue,
+            (name, defaults.paused, defaults.when_full, defaults.full_timeout),
+        )
+
+    return work
 
 
 def all_queues(using: str | None = None) -> dict[str, QueueSettings]:

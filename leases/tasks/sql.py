@@ -140,6 +140,14 @@ JOB = {
     ),
     "discardable": "SELECT id FROM {j} WHERE status <> 1 AND id IN (",
     "discard": "DELETE FROM {j} WHERE status <> 1 AND id IN (",
+    # A queue's settings. params: name
+    "queue": "SELECT paused, max_length, when_full, full_timeout FROM {q} WHERE name = %s",
+    # Its row, made on first push; a second maker changes nothing. params: name, paused,
+    # when_full, full_timeout (the model's defaults)
+    "add_queue": (
+        "INSERT INTO {q} (name, paused, max_length, when_full, full_timeout) VALUES (%s, %s, NULL, %s, %s)"
+        " {upsert[name]} name = {new[name]}"
+    ),
 }
 
 # The worker's process row is a lease, with the protocol of leases.sql (kind "worker").
@@ -161,5 +169,5 @@ WORKER = {
     "forget": "DELETE FROM {w} WHERE expires_at < {later}",
 }
 
-register("job", JOB, {"j": "leases_tasks.Job", "e": "leases_tasks.JobError"})
+register("job", JOB, {"j": "leases_tasks.Job", "e": "leases_tasks.JobError", "q": "leases_tasks.Queue"})
 register("worker", WORKER, {"w": "leases_tasks.Worker"})

@@ -1,0 +1,214 @@
+"""The job queue, the dispatcher and push() through real faults: replies lost after
+COMMIT, refused connections, a stalled server, all injected by tests/faultproxy.py
+between real worker processes and MariaDB. No worker may die of one, every job runs, and
+nothing is left ready or running. (Leases and `lease run`: test_lease_faults.py.)
+
+In-process tests use a second database alias, "proxied": the test database reached
+through the proxy.
+"""
+from __future__ import annotations
+
+import copy
+import os
+import signal
+import time
+from collections import Counter
+
+import pytest
+from django.db import OperationalError, connection, connections
+from django.db.utils import load_backend
+
+import tests.jobs  # noqa: F401 - registers noop
+from leases import db
+from leases.pool import db_now
+from leases.sql import statements
+from leases.tasks import Dispatcher, push, push_many
+from leases.tasks.models import Job, PoolTask
+from leases.tasks.worker import Worker
+from tests.conftest import database_url
+from tests.test_worker_processes import Workers, log_lines, wait_for
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+READY, RUNNING, SUCCEEDED = 0, 1, 2
+COMMIT = r"^\s*COMMIT\b"
+
+
+@pytest.fixture(autouse=True)
+def mariadb_only():
+    if connection.vendor != "mysql":
+        pytest.skip("the fault-injection proxy speaks the MySQL protocol")
+
+
+@pytest.fixture
+def proxy():
+    from tests.faultproxy import FaultProxy
+
+    settings = connection.settings_dict
+    with FaultProxy(upstream=(settings["HOST"] or "127.0.0.1", int(settings["PORT"] or 3306))) as running:
+        yield running
+
+
+@pytest.fixture
+def proxied(proxy):
+    """The alias "proxied": this test database through the proxy, for this thread only (a
+    connection the test framework does not know is not fenced off by it)."""
+    conf = copy.deepcopy(connections["default"].settings_dict)
+    conf.update(HOST="127.0.0.1", PORT=proxy.port)
+    conf["OPTIONS"].update(read_timeout=3, connect_timeout=2)
+    connections["proxied"] = load_backend(conf["ENGINE"]).DatabaseWrapper(conf, alias="proxied")
+    yield "proxied"
+    connections["proxied"].close()
+    del connections["proxied"]
+
+
+@pytest.fixture
+def workers(manage, child_env, tmp_path, proxy):
+    """`leases_worker` processes whose database is reached through the proxy, with short
+    timeouts so that a stalled server becomes an error within seconds."""
+    url = database_url().replace(":3306/", f":{proxy.port}/")
+    assert str(proxy.port) in url
+    env = {**child_env, "DATABASE_URL": f"{url}?read_timeout=3&write_timeout=3&connect_timeout=2"}
+    procs = Workers(manage, env, tmp_path)
+    yield procs
+    procs.cleanup()
+
+
+# -- in one process ---------------------------------------------------------------------------
+
+
+def test_a_lost_commit_reply_is_djangos_error_never_the_drivers(proxy, proxied):
+    """Closing the cursor after a failed COMMIT raised the driver's own error, which
+    replaced Django's and escaped every `except DatabaseError`."""
+    import MySQLdb
+
+    def work(cursor, resumed):
+        with db.write_transaction(proxied):
+            cursor.execute(statements(cursor.db).now, ())
+
+    proxy.drop_reply(COMMIT, count=1)
+    with pytest.raises(OperationalError) as caught:
+        db.run(work, proxied, attempts=1)
+    assert not isinstance(caught.value, MySQLdb.Error)
+    assert db.transient(caught.value)
+    db.run(work, proxied)  # and the next unit of work reconnects
+
+
+def test_a_push_whose_commit_reply_was_lost_is_found_not_pushed_twice(proxy, proxied):
+    rule = proxy.drop_reply(COMMIT, count=1)
+    job = push("noop", {"n": 1}, using=proxied)
+    assert rule.dropped == 1
+    row = Job.objects.get()
+    assert (job.pk, job.pushes, job.merged) == (row.pk, 1, False) and row.pushes == 1
+
+
+def test_push_many_and_the_dispatcher_ride_out_lost_replies(proxy, proxied):
+    rule = proxy.drop_reply(COMMIT, probability=0.5, seed=7)
+    assert push_many([("noop", {"n": n}) for n in range(50)], using=proxied) == 50
+    assert Job.objects.count() == 50  # a re-sent batch merged into itself
+    Dispatcher("faulty").recreate_task_pool({f"t{n}": float(n) for n in range(40)})
+    dispatcher = Dispatcher("faulty", using=proxied)
+    buckets = [dispatcher.assign_tasks(5, f"w{n}") for n in range(8)]
+    assert rule.dropped >= 2
+    handed = [task for bucket in buckets for task in bucket]
+    assert len(handed) == 40 and len(set(handed)) == 40
+    assert PoolTask.objects.filter(dispatcher="faulty", state=PoolTask.BUCKET).count() == 40
+
+
+def test_the_heartbeat_extends_only_the_jobs_the_worker_runs():
+    a = Worker(queues=["default"], ttl=5)
+    a.register()
+    jobs = [push("noop", {"n": n}) for n in range(2)]
+    first, orphan = sorted(a.claim(2), key=lambda job: job.id)
+    a.running = {first.id: first}  # the orphan's claim reply was "lost"
+    Job.objects.filter(status=RUNNING).update(expires_at=db_now())
+    a.heartbeat()
+    assert Job.objects.get(pk=first.id).expires_at > db_now()
+    assert Job.objects.get(pk=orphan.id).expires_at <= db_now()
+    b = Worker(queues=["default"], ttl=5)
+    b.register()
+    assert b.recover() == 1  # the orphan goes back; the job a runs stays a's
+    assert Job.objects.get(pk=orphan.id).status == READY
+    assert Job.objects.get(pk=first.id).status == RUNNING
+    assert len(jobs) == 2
+
+
+def test_a_graceful_stop_hands_back_claims_whose_reply_was_lost():
+    w = Worker(queues=["default"], ttl=5)
+    w.register()
+    push_many([("noop", {"n": n}) for n in range(3)])
+    claimed = w.claim(3)
+    w.running = {claimed[0].id: claimed[0]}
+    w._claim_unsure = True  # the claim's reply was lost; the other two are unknown here
+    assert w.hand_back() == 3
+    assert set(Job.objects.values_list("status", "attempt", "claims")) == {(READY, 0, 1)}
+
+
+# -- worker processes through the proxy -------------------------------------------------------
+
+
+def drain_and_check(workers: Workers, procs, log, total: int, timeout: float = 120) -> Counter:
+    """Wait until every job succeeded; stop the workers gracefully; check that none died
+    and nothing was left behind. Returns the runs per job."""
+    wait_for(lambda: Job.objects.filter(status=SUCCEEDED).count() == total, timeout, f"{total} jobs succeeded")
+    for proc in procs:
+        assert proc.poll() is None, f"worker {proc.pid} died:\n{workers.stderr(proc)}"
+        os.kill(proc.pid, signal.SIGTERM)
+    for proc in procs:
+        assert workers.wait(proc, 60) == 0, workers.stderr(proc)
+        assert "Traceback" not in workers.stderr(proc), workers.stderr(proc)
+    assert not Job.objects.filter(status__in=[READY, RUNNING]).exists()
+    runs = Counter(n for n, _ in log_lines(log))
+    assert set(runs) == set(range(total))
+    return runs
+
+
+def test_workers_survive_lost_commit_replies_and_every_job_runs(workers, proxy, tmp_path):
+    log = tmp_path / "runs.log"
+    total = 600
+    push_many([("noop", {"n": n, "log": str(log)}) for n in range(total)])
+    commits = proxy.drop_reply(COMMIT, probability=0.03, seed=11)
+    beats = proxy.drop_reply(r"^UPDATE \S+ SET expires_at", probability=0.1, seed=12)
+    procs = [workers.start("--queue", "default", "--concurrency", "4", "--ttl", "2") for _ in range(3)]
+    runs = drain_and_check(workers, procs, log, total)
+    assert commits.dropped >= 3 and beats.dropped >= 1
+    doubles = sum(count - 1 for count in runs.values())
+    # A job runs twice only when a reply was lost with the outcome of its first run
+    # unknown for longer than the ttl; each drop explains at most one.
+    assert doubles <= commits.dropped + beats.dropped
+
+
+def test_a_claim_whose_commit_reply_was_lost_is_run_once_by_the_worker_that_made_it(workers, proxy, tmp_path):
+    log = tmp_path / "runs.log"
+    push_many([("noop", {"n": n, "log": str(log)}) for n in range(6)])
+    rule = proxy.drop_reply(COMMIT, count=1)  # the first COMMIT is the first claim's
+    proc = workers.start("--burst", "--queue", "default", "--concurrency", "4")
+    assert workers.wait(proc, 60) == 0, workers.stderr(proc)
+    assert rule.dropped == 1
+    assert "took back 4 job(s)" in workers.stderr(proc)
+    assert set(Job.objects.values_list("status", "attempt", "claims")) == {(SUCCEEDED, 1, 1)}
+    assert sorted(n for n, _ in log_lines(log)) == list(range(6))
+
+
+def test_workers_ride_out_an_outage_longer_than_their_ttl(workers, proxy, tmp_path):
+    log = tmp_path / "runs.log"
+    total = 300
+    push_many([("noop", {"n": n, "log": str(log)}) for n in range(total)])
+    procs = [workers.start("--queue", "default", "--concurrency", "4", "--ttl", "2") for _ in range(2)]
+    wait_for(lambda: Job.objects.filter(status=SUCCEEDED).count() >= 50, 30, "the drain to start")
+    proxy.refuse(9)  # longer than db.run's own retries and than the ttl
+    time.sleep(9.5)
+    runs = drain_and_check(workers, procs, log, total)
+    assert all("database error" in workers.stderr(proc) for proc in procs)
+    assert sum(runs.values()) - total <= 2 * 4  # at most what was running when it began
+
+
+def test_workers_ride_out_a_stalled_server(workers, proxy, tmp_path):
+    log = tmp_path / "runs.log"
+    total = 200
+    push_many([("noop", {"n": n, "log": str(log)}) for n in range(total)])
+    procs = [workers.start("--queue", "default", "--concurrency", "4", "--ttl", "2") for _ in range(2)]
+    wait_for(lambda: Job.objects.filter(status=SUCCEEDED).count() >= 30, 30, "the drain to start")
+    proxy.stall(6)  # past the workers' read timeout (3 s) and their ttl
+    time.sleep(6.5)
+    drain_and_check(workers, procs, log, total)
