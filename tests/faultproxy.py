@@ -38,21 +38,25 @@ _WAKE, _LISTEN = "wake", "listen"  # selector data of the two sockets that are n
 class DropRule:
     """Loses the server's reply to matching queries; ``dropped`` counts the replies lost."""
 
-    def __init__(self, pattern: str, probability: float, count: int | None, seed: int | None) -> None:
+    def __init__(self, pattern: str, probability: float, count: int | None, seed: int | None,
+                 after: str | None = None) -> None:
         if not 0.0 <= probability <= 1.0:
             raise ValueError(f"probability must be within [0, 1], not {probability!r}")
         if count is not None and count < 0:
             raise ValueError(f"count must be None or >= 0, not {count!r}")
         self.pattern = re.compile(pattern, re.IGNORECASE)
+        self.after = re.compile(after, re.IGNORECASE) if after is not None else None
         self.probability = probability
         self.count = count
         self.dropped = 0
         self._armed = 0  # queries forwarded whose reply is still to be lost
         self._random = random.Random(seed)
 
-    def _fires(self, sql: str) -> bool:
-        """One draw per matching query, so a seed replays; armed drops count against ``count``."""
-        if not self.pattern.search(sql):
+    def _fires(self, sql: str, previous: str) -> bool:
+        """One draw per matching query, so a seed replays; armed drops count against ``count``.
+        With ``after``, only a query that follows a match of it on the same connection matches
+        (the COMMIT of one kind of transaction, say)."""
+        if not self.pattern.search(sql) or (self.after is not None and not self.after.search(previous)):
             return False
         if self.count is not None and self.dropped + self._armed >= self.count:
             return False
@@ -114,7 +118,7 @@ class _ClientParser:
 class _Conn:
     """A client's socket, its upstream socket, and the bytes each still has to take."""
 
-    __slots__ = ("client", "closing", "connecting", "drop", "parser", "server", "to_client", "to_server")
+    __slots__ = ("client", "closing", "connecting", "drop", "last", "parser", "server", "to_client", "to_server")
 
     def __init__(self, client: socket.socket) -> None:
         self.client = client
@@ -124,6 +128,7 @@ class _Conn:
         self.to_client = bytearray()
         self.parser = _ClientParser()
         self.drop: DropRule | None = None  # the rule that will lose the reply now awaited
+        self.last = ""  # the connection's previous query, for rules with ``after``
         self.closing = False  # one side ended: flush what the other side is owed, then close
 
 
@@ -186,9 +191,10 @@ class FaultProxy:
         return self._address[1]
 
     def drop_reply(self, pattern: str, probability: float = 1.0, count: int | None = None,
-                   seed: int | None = None) -> DropRule:
-        """Lose the reply to matching COM_QUERYs once the server has begun it, i.e. has run them."""
-        rule = DropRule(pattern, probability, count, seed)
+                   seed: int | None = None, after: str | None = None) -> DropRule:
+        """Lose the reply to matching COM_QUERYs once the server has begun it, i.e. has run them;
+        with ``after``, only to those that follow a query matching it on their connection."""
+        rule = DropRule(pattern, probability, count, seed, after)
         with self._rules_lock:
             self._rules = (*self._rules, rule)
         return rule
@@ -451,9 +457,10 @@ class FaultProxy:
         for sql in conn.parser.feed(data):
             self._queries += 1
             if sql is not None and conn.drop is None:
-                conn.drop = next((rule for rule in self._rules if rule._fires(sql)), None)
+                conn.drop = next((rule for rule in self._rules if rule._fires(sql, conn.last)), None)
                 if conn.drop is not None:
                     conn.drop._armed += 1
+            conn.last = sql or ""
         conn.to_server += data
         if conn.server is not None and not conn.connecting:
             self._send(conn, conn.server, conn.to_server)

@@ -117,6 +117,16 @@ def test_only_matching_queries_lose_their_reply_until_clear(proxy, table):
     assert committed_ids() == [2] and rule.dropped == 1  # autocommit is off: row 1 was rolled back
 
 
+def test_after_picks_the_commit_of_one_kind_of_transaction(proxy, table):
+    rule = proxy.drop_reply(r"^\s*COMMIT\b", after=r"INSERT INTO faultproxy_scratch \(id\) VALUES \(2\)")
+    client = connect(proxy.port)
+    insert_and_commit(client, 1)  # another transaction's COMMIT passes
+    with pytest.raises(MySQLdb.OperationalError) as lost:
+        insert_and_commit(client, 2)
+    assert error_code(lost) in LOST and rule.dropped == 1
+    assert committed_ids() == [1, 2]
+
+
 def test_seeded_probability_drops_some_commits_and_replays(proxy, table):
     seed, probability, commits = 7, 0.1, 200
     rule = proxy.drop_reply(r"^\s*COMMIT\b", probability=probability, seed=seed)

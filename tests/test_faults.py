@@ -181,7 +181,7 @@ def test_workers_survive_lost_commit_replies_and_every_job_runs(workers, proxy, 
 def test_a_claim_whose_commit_reply_was_lost_is_run_once_by_the_worker_that_made_it(workers, proxy, tmp_path):
     log = tmp_path / "runs.log"
     push_many([("noop", {"n": n, "log": str(log)}) for n in range(6)])
-    rule = proxy.drop_reply(COMMIT, count=1)  # the first COMMIT is the first claim's
+    rule = proxy.drop_reply(COMMIT, count=1, after=r"SET status = 1, attempt = attempt \+ 1")  # the claim's
     proc = workers.start("--burst", "--queue", "default", "--concurrency", "4")
     assert workers.wait(proc, 60) == 0, workers.stderr(proc)
     assert rule.dropped == 1

@@ -157,16 +157,18 @@ class Dispatcher:
 
         `mapping` may be a callable: it is called once the rebuild has begun, so a task
         finished (`tasks_done`) while it reads its source is not put back in the pool.
-        Validates everything before writing anything. Only one rebuild of a dispatcher
+        A dict is validated before anything is written (a callable's mapping, once it is
+        called, before any task is written). Only one rebuild of a dispatcher
         runs at a time: Locked("PROCESSING LOCKED: ...") after `wait` seconds. Returns the
         number of tasks listed.
         """
+        rows = None if callable(mapping) else self._rows(mapping)
         with lock(f"dispatch-rebuild:{self.name}", ttl=120, wait=wait) as held:
             TaskPool.objects.using(self.using).get_or_create(name=self.name)
             self._run("start", (self.name,))
             ((generation, started),) = self._run("started", (self.name,), fetch="all")
-            items = mapping() if callable(mapping) else mapping
-            rows = [(self._value(v), check_score(v, s)) for v, s in items.items()]
+            if rows is None:
+                rows = self._rows(mapping())
             conn = connections[self.using]
             since = db.dialect(conn).stored_datetime(db.to_datetime(started))
             written = 0
@@ -184,8 +186,9 @@ class Dispatcher:
             return len(rows)
 
     @staticmethod
-    def _value(value: Any) -> str:
-        return check_name(value, "task", VALUE_LENGTH)
+    def _rows(mapping: Mapping[str, float]) -> list[tuple[str, float]]:
+        """(task, score) pairs, each checked: a bad one is a ValueError before any write."""
+        return [(check_name(v, "task", VALUE_LENGTH), check_score(v, s)) for v, s in mapping.items()]
 
     def _upsert(self, batch: list[tuple[str, float]], generation: int, since: Any) -> None:
         params: list = []
