@@ -196,10 +196,12 @@ class ResourceThread(threading.Thread):
         """
         deadline = time.monotonic() + timeout
         self._stopping.set()
-        if self.is_alive() and threading.current_thread() is not self:
-            self.join(timeout)
+        # Release first: it needs only the lease's lock, which a healthy heartbeat holds
+        # for milliseconds; a renewal stuck in the database makes it time out and say so.
         if self.lease is not None:
-            self._let_go(self.lease, deadline - time.monotonic())
+            self._let_go(self.lease, timeout)
+        if self.is_alive() and threading.current_thread() is not self:
+            self.join(max(0.0, deadline - time.monotonic()))
 
     def _let_go(self, lease: Lease, seconds: float) -> None:
         """Release `lease` within `seconds`; failing is only a warning, as it frees itself."""

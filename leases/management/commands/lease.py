@@ -269,16 +269,18 @@ class Command(LeasesCommand):
 
     @staticmethod
     def _let_go(lease: Lease, heartbeat: Heartbeat) -> None:
-        """Stop the heartbeat and release within RELEASE_WAIT seconds, never past the
-        lease's local deadline, so a database that is down or hung cannot hold the exit
-        (a renewal stuck in it keeps `Hold._lock`). A release that fails or times out
-        is a warning, not a new exit code: the lease frees itself when its ttl runs out."""
-        deadline = time.monotonic() + min(RELEASE_WAIT, lease.remaining())
-        heartbeat.stop(deadline - time.monotonic())
+        """Release, then stop the heartbeat, within RELEASE_WAIT seconds all told and
+        never past the lease's local deadline (a lease that ran out is not worth waiting
+        for), so a database that is down or hung cannot hold the exit. A release that
+        fails or times out (a renewal stuck in the database keeps `Hold._lock`) is a
+        warning, not a new exit code: the lease frees itself when its ttl runs out."""
+        budget = min(RELEASE_WAIT, lease.remaining())
+        deadline = time.monotonic() + budget
         try:
-            release_within(lease, deadline - time.monotonic())
+            release_within(lease, budget)
         except (DatabaseError, InterfaceError, TimeoutError) as exc:
             log.warning("could not release %s (%s); it frees itself within %gs", lease, exc, lease.ttl)
+        heartbeat.stop(deadline - time.monotonic())
 
     def _supervise(self, lease: Lease, command: list[str], grace: float) -> int | None:
         """Run `command` while `lease` holds: its exit code, or None if the lease was lost.
