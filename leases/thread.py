@@ -90,7 +90,7 @@ class ResourceThread(threading.Thread):
             if self.is_valid():
                 return None
             return f"{type(self).__name__}.is_valid() returned False"
-        except Exception as exc:  # noqa: BLE001 - the user's check failing must not end the thread
+        except Exception as exc:  # the user's check failing must not end the thread
             log.warning("%s: is_valid() raised on %s", self.name, self.lease, exc_info=True)
             return f"{type(self).__name__}.is_valid() raised {type(exc).__name__}: {exc}"
 
@@ -118,7 +118,8 @@ class ResourceThread(threading.Thread):
 
         while not self._stopping.is_set():
             try:
-                lease = self._pool.acquire(ttl=self.ttl, wait=min(self._poll, self.wait_step), holder=self.holder)
+                wait = min(self._poll, self.wait_step)
+                lease = self._pool.acquire(ttl=self.ttl, wait=wait, holder=self.holder)
                 failures = 0
                 if self._stopping.is_set():  # terminate() came while we were acquiring
                     self._let_go(lease, self._poll)
@@ -208,4 +209,5 @@ class ResourceThread(threading.Thread):
         try:
             release_within(lease, seconds)
         except (*_DB_ERRORS, TimeoutError) as exc:
-            log.warning("%s: could not release %s (%s); it frees itself within %gs", self.name, lease, exc, lease.ttl)
+            log.warning("%s: could not release %s (%s); it frees itself within %gs",
+                        self.name, lease, exc, lease.ttl)

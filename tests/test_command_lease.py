@@ -204,7 +204,7 @@ def test_remove_release_quarantine_unquarantine_and_stats(pool):
         (["add", POOL, "r3", "--data", "[" * 40 + "]" * 40], "data is nested deeper than 31 levels"),
         (["run", POOL, "--ttl", "4e8", "--", "true"], "ttl must be at most 3.1536e+08 seconds (10 years)"),
         (["run", POOL, "--wait", "4e8", "--", "true"], "wait must be at most 3.1536e+08 seconds (10 years)"),
-        (["run", POOL, "--grace", "4e8", "--", "true"], "grace must be at most 3.1536e+08 seconds (10 years)"),
+        (["run", POOL, "--grace", "4e8", "--", "true"], "grace must be at most 3.1536e+08 seconds"),
         (["quarantine", POOL, "r1", "--for", "4000d"], "duration '4000d' must be at most 3.1536e+08 seconds"),
     ],
 )
@@ -275,7 +275,9 @@ def test_import_of_an_endless_file_fails_fast_in_little_memory(pool, child_env, 
 
     before = snapshot()
     argv = [*manage, "lease", "import", POOL, "/dev/zero"]
-    done = subprocess.run(argv, env=child_env, capture_output=True, text=True, timeout=60, preexec_fn=cap_memory)
+    done = subprocess.run(
+        argv, env=child_env, capture_output=True, text=True, timeout=60, preexec_fn=cap_memory, check=False
+    )
     assert done.returncode == 2, done.stderr
     assert done.stderr == "CommandError: /dev/zero, line 1: longer than 65536 bytes\n"
     assert snapshot() == before

@@ -9,8 +9,7 @@ import time
 import pytest
 from django.db import OperationalError
 
-from leases import LeaseLost, Pool, ResourceThread, UnknownPool
-from leases import db
+from leases import LeaseLost, Pool, ResourceThread, UnknownPool, db
 from leases.models import Resource
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -163,7 +162,7 @@ def messages(caplog, text: str) -> list[str]:
     return [r.getMessage() for r in caplog.records if text in r.getMessage()]
 
 
-def test_start_during_an_outage_blocks_says_so_now_and_then_and_holds_after(accounts, crawler, outage, caplog):
+def test_start_during_an_outage_blocks_says_so_now_and_then_holds(accounts, crawler, outage, caplog):
     caplog.set_level(logging.INFO, logger="leases")
     outage.on = True
     threading.Timer(1.0, lambda: setattr(outage, "on", False)).start()

@@ -1,7 +1,7 @@
 """Input files of the operator commands: one entry per line, `#` comments allowed."""
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 from django.core.management.base import CommandError
 
@@ -27,7 +27,8 @@ def entries(path: str) -> Iterator[tuple[int, str]]:
                 try:
                     line = body.decode("utf-8-sig" if number == 1 else "utf-8").strip()
                 except UnicodeDecodeError as exc:
-                    raise CommandError(f"{path}, line {number}: not UTF-8 text: {exc}", returncode=2) from None
+                    problem = f"not UTF-8 text: {exc}"
+                    raise CommandError(f"{path}, line {number}: {problem}", returncode=2) from None
                 if line and not line.startswith("#"):
                     yield number, line
     except OSError as exc:

@@ -238,7 +238,8 @@ class Command(LeasesCommand):
 
     def _unquarantine(self, pool: Pool, name: str, **options: Any) -> None:
         done = pool.unquarantine(name)
-        self.stdout.write(f"{pool.name}/{shown(name)} " + ("is back in service" if done else "was not quarantined"))
+        state = "is back in service" if done else "was not quarantined"
+        self.stdout.write(f"{pool.name}/{shown(name)} {state}")
 
     def _stats(self, pool: Pool, **options: Any) -> None:
         stats = pool.stats()
