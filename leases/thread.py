@@ -9,7 +9,7 @@ import time
 from django.db import DatabaseError, InterfaceError, connections
 
 from . import db
-from .exceptions import NoResourceAvailable, UnknownPool
+from .exceptions import NoResourceAvailable, UnknownPool, UnknownResource
 from .lease import Lease, keep_alive, release_within
 from .pool import Pool
 
@@ -132,6 +132,8 @@ class ResourceThread(threading.Thread):
                 lease._mark_lost()  # abandoned whatever happens to the quarantine
                 log.warning("%s: %s/%s is not valid, quarantining it", self.name, lease.pool, lease.name)
                 self._pool.quarantine(lease.name, self.quarantine_for, reason=reason)
+            except UnknownResource:
+                pass  # the invalid resource was removed before it could be quarantined
             except NoResourceAvailable:
                 if due():
                     log.info("%s: pool %r exhausted, waiting (%.0fs so far)", self.name, self._pool.name,

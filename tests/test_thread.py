@@ -235,3 +235,20 @@ def test_terminate_returns_within_its_timeout_while_the_database_hangs(accounts,
 def test_start_raises_what_waiting_cannot_cure(crawler):
     with pytest.raises(UnknownPool):
         crawler(pool="nothing").start()
+
+
+def test_an_invalid_resource_removed_before_its_quarantine_is_skipped(accounts, crawler, monkeypatch):
+    monkeypatch.setattr(Crawler, "bad", {"broken"})
+    accounts.quarantine("good", 0.5)  # so the thread meets "broken" first
+    quarantine = Pool.quarantine
+
+    def removed_first(pool, name, *args, **kwargs):
+        if name == "broken":
+            pool.remove(name)  # an operator was quicker
+        return quarantine(pool, name, *args, **kwargs)
+
+    monkeypatch.setattr(Pool, "quarantine", removed_first)
+    thread = crawler()
+    thread.start()
+    assert thread.lease.name == "good" and thread.is_alive()
+    assert not Resource.objects.filter(name="broken").exists()
