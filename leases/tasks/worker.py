@@ -196,7 +196,7 @@ class _Threads:
     """`size` threads running handlers; a timed-out job's thread is replaced, and exits
     when its handler finally returns."""
 
-    def __init__(self, size: int, done: stdqueue.SimpleQueue) -> None:
+    def __init__(self, size: int, done: stdqueue.Queue) -> None:
         self.work: stdqueue.SimpleQueue = stdqueue.SimpleQueue()
         self.done = done
         for _ in range(size):
@@ -260,7 +260,9 @@ class Worker:
         self.stats = Stats()
         self.running: dict[int, ClaimedJob] = {}
         self.hold: WorkerHold | None = None
-        self._done: stdqueue.SimpleQueue = stdqueue.SimpleQueue()
+        # A Queue, not a SimpleQueue: on CPython 3.11 a signal (SIGTERM) that lands near
+        # the end of SimpleQueue.get(timeout=...) leaves it waiting forever.
+        self._done: stdqueue.Queue = stdqueue.Queue()
         self._stop_at: float | None = None
         self._stop_requests = 0
         self._active: tuple[float, list[str]] = (0.0, [])
