@@ -117,10 +117,19 @@ class Fleet:
     def died(self) -> list[subprocess.Popen]:
         return [proc for proc in self.live if proc.poll() is not None]
 
-    def stop(self) -> dict[int, int]:
+    def stop(self) -> dict[int, int | None]:
+        """SIGTERM to every live worker: their exit codes, None for one that would not stop."""
         for proc in self.live:
             proc.send_signal(signal.SIGTERM)
-        return {proc.pid: proc.wait(120) for proc in self.live}
+        codes: dict[int, int | None] = {}
+        for proc in self.live:
+            try:
+                codes[proc.pid] = proc.wait(90)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                codes[proc.pid] = None
+        return codes
 
 
 def count(status: int) -> int:
@@ -214,7 +223,7 @@ def report(args, runs_log: Path, fleet: Fleet, codes: dict, unexpected: list, el
         "commit_replies_dropped": dropped,
         "workers_started": fleet.started,
         "workers_died_unkilled": len(unexpected),
-        "worker_exit_codes": sorted(set(codes.values())),
+        "worker_exit_codes": sorted({str(code) for code in codes.values()}),
         "recovered_attempts": sum(len(w) for w in lost_by.values()),
     }
     for line in unexpected:
@@ -226,7 +235,7 @@ def report(args, runs_log: Path, fleet: Fleet, codes: dict, unexpected: list, el
         verdict["succeeded"] == args.jobs
         and not verdict["left_ready_or_running"]
         and not verdict["workers_died_unkilled"]
-        and verdict["worker_exit_codes"] == [0]
+        and verdict["worker_exit_codes"] == ["0"]
         and not verdict["double_runs_unexplained"]
     )
     print("soak:", "OK" if ok else "FAILED")
