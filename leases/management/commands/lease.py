@@ -61,12 +61,13 @@ class _Parser(CommandParser):
         return namespace, extras
 
 
-def seconds(text: str) -> float:
-    """A finite number of seconds (argparse type); the engine checks the sign."""
-    value = float(text)
-    if not math.isfinite(value):
-        raise ValueError(text)
-    return value
+def seconds(text: str, what: str) -> float:
+    """A number, checked here rather than by argparse (whose errors come with the whole
+    usage text, not one line); the bounds are the engine's to check."""
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(f"{what} must be a number of seconds, not {text!r}") from None
 
 
 def parse_json(text: str, what: str) -> Any:
@@ -175,12 +176,12 @@ class Command(LeasesCommand):
             ),
         )
         run.add_argument("pool")
-        run.add_argument("--ttl", type=seconds, default=60.0, help="lease seconds (default 60)")
+        run.add_argument("--ttl", default="60", help="lease seconds (default 60)")
         run.add_argument(
-            "--wait", type=seconds, default=300.0, help="seconds to wait for a free resource (default 300)"
+            "--wait", default="300", help="seconds to wait for a free resource (default 300)"
         )
         run.add_argument(
-            "--grace", type=seconds, default=10.0, help="seconds from SIGTERM to SIGKILL (default 10)"
+            "--grace", default="10", help="seconds from SIGTERM to SIGKILL (default 10)"
         )
         run.add_argument("command", nargs="*", help="after --: the command and its arguments")
 
@@ -248,13 +249,13 @@ class Command(LeasesCommand):
         self.stdout.write(json.dumps(stats))
 
     def _run(
-        self, pool: Pool, ttl: float, wait: float, grace: float, command: list[str], **options: Any
+        self, pool: Pool, ttl: str, wait: str, grace: str, command: list[str], **options: Any
     ) -> None:
         if not command:
             raise ValueError("no command given (lease run POOL [options] -- COMMAND ARGS...)")
-        check_ttl(ttl)
-        check_wait(wait)
-        check_seconds(grace, "grace")
+        ttl = check_ttl(seconds(ttl, "ttl"))
+        wait = check_wait(seconds(wait, "wait"))
+        grace = check_seconds(seconds(grace, "grace"), "grace")
         lease = pool.acquire(ttl=ttl, wait=wait)
         heartbeat = Heartbeat(lease)
         heartbeat.start()
