@@ -325,9 +325,7 @@ def crawler_main(
                     break
                 try:
                     lease.check()
-                except LeaseLost:
-                    if not thread.is_alive():
-                        break  # the heartbeat thread gave up: start a new job
+                except LeaseLost:  # the thread is taking another in the background
                     time.sleep(0.05)
                     continue
                 start = time.monotonic()
