@@ -148,6 +148,10 @@ def test_a_bad_mapping_writes_nothing(d, mapping, message):
     with pytest.raises(ValueError, match=message):
         d.recreate_task_pool(mapping)
     assert pool_values() == {f"t{i}" for i in range(10)}
+    assert TaskPool.objects.get(name="crawl").generation == 1  # refused before the rebuild began
+    with pytest.raises(ValueError, match=message):
+        d.recreate_task_pool(lambda: mapping)  # read once the rebuild has begun
+    assert pool_values() == {f"t{i}" for i in range(10)}
     assert TaskPool.objects.get(name="crawl").generation == 2  # the attempt is counted, no more
 
 
