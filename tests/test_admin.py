@@ -1,6 +1,7 @@
 """The resources admin: live state by the database clock, engine-backed actions, masking."""
 from __future__ import annotations
 
+import string
 import time
 from datetime import timedelta
 from html.parser import HTMLParser
@@ -10,10 +11,12 @@ from django.contrib.auth.models import Permission, User
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 
 import leases.admin
 from leases import LeaseLost, Pool
-from leases.admin import MASK, ResourceAdmin
+from leases.admin import MASK, SECRET_WORDS, ResourceAdmin, is_secret, mask_secrets, mask_text
 from leases.models import Resource
 from leases.pool import db_now
 
@@ -269,6 +272,132 @@ def test_changelist_queries_do_not_grow_with_rows_and_read_the_clock_once(admin_
     for _ in range(12):
         pool.acquire(ttl=600)
     assert count(13) == few
+
+
+# -- masking -------------------------------------------------------------------------------
+
+EXAMPLES = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+@pytest.mark.parametrize("key", [
+    "password", "Password", "pass", "PWD", "passwd", "passphrase", "auth", "Authorization", "cookie",
+    "credentials", "creds", "session_id", "private_key", "client_secret", "api_key", "X-Auth-Token",
+])
+def test_secret_keys(key):
+    assert is_secret(key)
+
+
+@pytest.mark.parametrize("key", ["login", "user", "url", "region", "name", "host", "", 3, None])
+def test_other_keys_are_not_secret(key):
+    assert not is_secret(key)
+
+
+@pytest.mark.parametrize("text, masked", [
+    # URL passwords: with or without a scheme, holding "/", ":" or "@"; the user stays.
+    ("http://user:p@ss@host:3128", f"http://user:{MASK}@host:3128"),
+    ("http://user:pa/ss@host", f"http://user:{MASK}@host"),
+    ("socks5://u:a:b/c@d@10.0.0.1:1080/x", f"socks5://u:{MASK}@10.0.0.1:1080/x"),
+    ("proxy user:pass@host:3128 refused", f"proxy user:{MASK}@host:3128 refused"),
+    ("redis://:secret@cache:6379/0", f"redis://:{MASK}@cache:6379/0"),
+    ("could not connect to 'postgres://app:pw@db/x'", f"could not connect to 'postgres://app:{MASK}@db/x'"),
+    ("mailto://me@mail.org:pw@host", f"mailto://me@mail.org:{MASK}@host"),
+    ("https://api/x?next=http://u:p@h", f"https://api/x?next=http:{MASK}@h"),  # broad: no p shown
+    # Secret-looking names: query strings, keyword arguments, reprs, JSON, headers.
+    ("GET /v1?api_key=XYZ&x=1", f"GET /v1?api_key={MASK}&x=1"),
+    ("password=hunter2", f"password={MASK}"),
+    ("login failed: PWD = hunter2 (twice)", f"login failed: PWD = {MASK} (twice)"),
+    ("connect(passwd='hun ter2', user='bob')", f"connect(passwd='{MASK}', user='bob')"),
+    ("{'password': 'hunter2', 'user': 'bob'}", f"{{'password': '{MASK}', 'user': 'bob'}}"),
+    ('{"Session Id": "s-1", "n": 1}', f'{{"Session Id": "{MASK}", "n": 1}}'),
+    ("x?client_secret=a&credentials=b&private_key=c&auth=d&pwd=e",
+     f"x?client_secret={MASK}&credentials={MASK}&private_key={MASK}&auth={MASK}&pwd={MASK}"),
+    ("Authorization: Bearer eyJhbGci.eyJzdWIi.sig\nnext line", f"Authorization: {MASK}\nnext line"),
+    ("Proxy-Authorization: Basic dXNlcjpwYXNz", f"Proxy-Authorization: {MASK}"),
+    ("headers Authorization=Bearer abc.def sent", f"headers Authorization={MASK} sent"),
+    ("Cookie: sessionid=abc; theme=dark", f"Cookie: {MASK}"),
+    ("X-Api-Key: abc123", f"X-Api-Key: {MASK}"),
+    ("jwt.InvalidTokenError: token=abc", f"jwt.InvalidTokenError: token={MASK}"),
+    ("password: 'a'b", f"password: {MASK}"),  # not a quoted value after all: all of it
+    ("monkey=banana", f"monkey={MASK}"),  # deliberately broad
+])
+def test_mask_text_masks_credentials(text, masked):
+    assert mask_text(text) == masked
+
+
+@pytest.mark.parametrize("text", [
+    "bob@example.com",
+    "mail bob@example.com:8080 now",
+    "http://host/path",
+    "http://host:8080/path?page=2&sort=name",
+    "http://bob@host:8080",
+    "git@github.com:org/repo.git",
+    "KeyError: 'token'",
+    ('Traceback (most recent call last):\n  File "/app/keys.py", line 3, in get_key\n'
+     "    return d[key]\nKeyError: 'x'"),
+    "ratio 1:2 at noon, url=http://h/x",
+])
+def test_mask_text_leaves_the_rest_alone(text):
+    assert mask_text(text) == text
+
+
+def test_mask_secrets_masks_secret_keys_whole_and_strings_as_text():
+    value = {
+        "pass": "x", "Cookie": {"a": 1}, "auth": ["t"], "region": "eu", "n": 3,
+        "proxies": ["user:pw@h:3128", {"url": "http://h/?token=t1&x=1", "ok": None}],
+    }
+    assert mask_secrets(value) == {
+        "pass": MASK, "Cookie": MASK, "auth": MASK, "region": "eu", "n": 3,
+        "proxies": [f"user:{MASK}@h:3128", {"url": f"http://h/?token={MASK}&x=1", "ok": None}],
+    }
+
+
+plain = st.text(string.ascii_lowercase + string.digits + ".-", min_size=1, max_size=10).filter(
+    lambda s: not is_secret(s)
+)
+words = st.lists(st.text(string.ascii_letters, min_size=1, max_size=8), max_size=3).map(" ".join).filter(
+    lambda s: not is_secret(s)  # "key :pw@h" is the name key and its value
+)
+non_space = st.characters(exclude_categories=("Z", "C"))
+
+
+@EXAMPLES
+@given(scheme=st.sampled_from(["", "http://", "socks5h://", "postgres://"]), user=plain | st.just(""),
+       password=st.text(non_space, min_size=1, max_size=20), host=plain,
+       port=st.sampled_from(["", ":3128", ":3128/x"]), before=words, after=words)
+def test_a_url_password_is_masked_whatever_it_holds(scheme, user, password, host, port, before, after):
+    assume(scheme or not password.startswith("//"))  # "u://x@h" reads as a URL without one
+    text = f"{before} {scheme}{user}:{password}@{host}{port} {after}"
+    assert mask_text(text) == f"{before} {scheme}{user}:{MASK}@{host}{port} {after}"
+
+
+secret_names = st.builds(
+    lambda before, word, after, quote: f"{quote}{before}{word}{after}{quote}",
+    st.text(string.ascii_lowercase + "_-.", max_size=4),
+    st.sampled_from(SECRET_WORDS).flatmap(lambda w: st.sampled_from([w, w.upper(), w.title()])),
+    st.text(string.ascii_lowercase + "_", max_size=4),
+    st.sampled_from(["", "'", '"']),
+)
+
+
+@EXAMPLES
+@given(name=secret_names, sep=st.sampled_from(["=", " = ", ":", ": "]),
+       value=st.text(non_space.filter(lambda c: c != "&"), min_size=1, max_size=20))
+def test_a_secret_names_value_is_never_shown(name, sep, value):
+    assume(not value.startswith("="))  # "name==x" is the name, "==" and x
+    prefix, suffix = f"x {name}{sep}", "&next=1 end"
+    masked = mask_text(f"{prefix}{value}{suffix}")
+    quoted = {f"{prefix}{q}{MASK}{q}{suffix}" for q in "'\""}
+    if "=" in sep:  # one value, up to the next parameter
+        assert masked in {f"{prefix}{MASK}{suffix}", *quoted}
+    else:  # a header's value: the rest of the line
+        assert masked in {f"{prefix}{MASK}", *quoted}
+
+
+@EXAMPLES
+@given(st.text())
+def test_text_without_an_at_sign_or_a_secret_word_is_left_alone(text):
+    assume("@" not in text and not is_secret(text))
+    assert mask_text(text) == text
 
 
 # -- locks ---------------------------------------------------------------------------------

@@ -210,6 +210,46 @@ def test_jobs_cannot_be_added_edited_or_deleted_and_viewers_get_no_actions(clien
     assert "hunter2" not in page and leases.admin.MASK in page
 
 
+@pytest.fixture
+def secret_job() -> Job:
+    """A failed job whose result, error message and traceback each hold a credential."""
+    job = make("refuse", Job.FAILED, attempt=1, result={"token": "tok-1", "proxy": "http://u:pw-2@proxy:3128"})
+    JobError.objects.create(
+        job=job, attempt=1, exception="builtins.RuntimeError", worker="w", at=db_now(),
+        message="refused by https://api/v1?api_key=key-3&page=2",
+        traceback="Traceback ...\nRuntimeError: sent Authorization: Bearer tok-4",
+    )
+    return job
+
+
+def job_page(client, permissions: list[str], job: Job) -> str:
+    user = User.objects.create_user("-".join(permissions), password="pw", is_staff=True)
+    user.user_permissions.add(*Permission.objects.filter(codename__in=permissions))
+    client.force_login(user)
+    response = client.get(change_url(job))
+    assert response.status_code == 200
+    return response.content.decode()
+
+
+def test_viewers_see_result_errors_and_tracebacks_masked(client, secret_job):
+    page = job_page(client, ["view_job", "view_joberror"], secret_job)
+    for secret in ("tok-1", "pw-2", "key-3", "tok-4"):
+        assert secret not in page
+    mask = leases.admin.MASK
+    assert f"&quot;token&quot;: &quot;{mask}&quot;" in page
+    assert f"http://u:{mask}@proxy:3128" in page
+    assert f"refused by https://api/v1?api_key={mask}&amp;page=2" in page
+    assert f"RuntimeError: sent Authorization: {mask}" in page
+
+
+def test_who_may_change_jobs_sees_result_errors_and_tracebacks_as_stored(client, secret_job):
+    page = job_page(client, ["view_job", "change_job", "view_joberror"], secret_job)
+    assert "&quot;token&quot;: &quot;tok-1&quot;" in page and "http://u:pw-2@proxy:3128" in page
+    assert "refused by https://api/v1?api_key=key-3&amp;page=2" in page
+    assert "RuntimeError: sent Authorization: Bearer tok-4" in page
+    assert leases.admin.MASK not in page
+
+
 def change_url(obj) -> str:
     return reverse(f"admin:leases_tasks_{obj._meta.model_name}_change", args=[obj.pk])
 

@@ -27,7 +27,7 @@ from django.utils.functional import cached_property
 from django.utils.html import format_html, format_html_join
 
 from leases import db
-from leases.admin import EMPTY, PerRequest, _nowrap, compact_time, mask_secrets, request_now
+from leases.admin import EMPTY, PerRequest, _nowrap, compact_time, mask_secrets, mask_text, request_now
 
 from . import queue, registry
 from .dispatcher import Dispatcher
@@ -231,6 +231,13 @@ def _pre(value: object) -> str:
     return format_html('<pre style="margin: 0">{}</pre>', text)
 
 
+def _folded(text: str) -> str:
+    """A traceback behind a "show" toggle, so the errors table stays one line per attempt."""
+    if not text:
+        return EMPTY
+    return format_html('<details><summary>show</summary><pre style="margin: 0">{}</pre></details>', text)
+
+
 class AtLeast(int):
     """A count that stopped at its limit: reads '10000+' wherever the admin prints it."""
 
@@ -300,13 +307,21 @@ class JobErrorInline(admin.TabularInline):
     """What each failed attempt raised, oldest first."""
 
     model = JobError
-    fields = ("attempt", "exception", "message", "trace", "worker", "at")
-    readonly_fields = fields
     extra = 0
     can_delete = False
 
     def get_queryset(self, request):
         return super().get_queryset(request).using(db.alias())
+
+    def get_fields(self, request, obj=None):
+        """Messages and tracebacks quote arguments, URLs and headers, credentials included:
+        as the payload, they are shown as stored only to those who may act on the job."""
+        if may_change(request, self.parent_model._meta):
+            return ("attempt", "exception", "message", "trace", "worker", "at")
+        return ("attempt", "exception", "masked_message", "masked_trace", "worker", "at")
+
+    def get_readonly_fields(self, request, obj=None):
+        return self.get_fields(request, obj)
 
     def has_add_permission(self, request, obj=None) -> bool:
         return False
@@ -314,12 +329,17 @@ class JobErrorInline(admin.TabularInline):
     def has_change_permission(self, request, obj=None) -> bool:
         return False
 
+    @admin.display(description="message")
+    def masked_message(self, obj: JobError) -> str:
+        return mask_text(obj.message)
+
     @admin.display(description="traceback")
     def trace(self, obj: JobError) -> str:
-        if not obj.traceback:
-            return EMPTY
-        return format_html('<details><summary>show</summary><pre style="margin: 0">{}</pre></details>',
-                           obj.traceback)
+        return _folded(obj.traceback)
+
+    @admin.display(description="traceback")
+    def masked_trace(self, obj: JobError) -> str:
+        return _folded(mask_text(obj.traceback))
 
 
 @admin.register(Job)
@@ -344,13 +364,18 @@ class JobAdmin(ReadOnly):
                 "finished")
 
     def get_fieldsets(self, request, obj=None):
+        """Who may act on jobs sees payload and result as stored; viewers see them masked
+        (as resource data), since handlers take and return credentials too."""
         live = JobLive.of(request)
-        payload = "payload_json" if may_change(request, self.opts) else "masked_payload"
+        if may_change(request, self.opts):
+            shown = ("payload_json", "result_json")
+        else:
+            shown = ("masked_payload", "masked_result")
         return [
             (None, {"fields": ("name", "queue", "backend", live.status_text, "priority", "attempts",
                                live.run_in, "run_at", "worker", "expires_at", "enqueued_at", "started_at",
                                "finished_at", "key", "pending_key")}),
-            ("Payload and result", {"fields": (payload, "result_json")}),
+            ("Payload and result", {"fields": shown}),
         ]
 
     @admin.display(description="attempts")
@@ -367,12 +392,15 @@ class JobAdmin(ReadOnly):
 
     @admin.display(description="payload")
     def masked_payload(self, obj: Job) -> str:
-        # As for resources: who may act on jobs sees secrets; viewers see them masked.
         return _pre(mask_secrets(obj.payload))
 
     @admin.display(description="result")
     def result_json(self, obj: Job) -> str:
         return EMPTY if obj.result is None else _pre(obj.result)
+
+    @admin.display(description="result")
+    def masked_result(self, obj: Job) -> str:
+        return EMPTY if obj.result is None else _pre(mask_secrets(obj.result))
 
     # -- actions: through leases.tasks.queue ------------------------------------------------
 
