@@ -144,6 +144,62 @@ def test_a_graceful_stop_hands_back_claims_whose_reply_was_lost():
     assert set(Job.objects.values_list("status", "attempt", "claims")) == {(READY, 0, 1)}
 
 
+# -- lease holders through the proxy ------------------------------------------------------------
+
+
+def _hold_through(port, seconds, occupancy, lock, out):
+    """Acquire, use while surely held, release: through the proxy, counting holders."""
+    from leases import NoResourceAvailable, Pool
+
+    connections["default"].settings_dict.update(HOST="127.0.0.1", PORT=port)
+    names, got, overlaps, errors = ["r0", "r1", "r2"], [], 0, 0
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        try:
+            lease = Pool("faulty").acquire(ttl=2, wait=1)
+        except NoResourceAvailable:
+            continue
+        except OperationalError:
+            errors += 1  # every retry lost its reply: the lease, if any, lapses by itself
+            continue
+        i = names.index(lease.name)
+        with lock:
+            occupancy[i] += 1
+            overlaps += occupancy[i] > 1 and lease.remaining() > 0
+        time.sleep(0.002)
+        with lock:
+            occupancy[i] -= 1
+        try:
+            lease.release()
+        except OperationalError:
+            errors += 1
+        got.append((lease.name, lease.token))
+    out.put((got, overlaps, errors))
+
+
+def test_leases_stay_exclusive_by_token_through_lost_replies(proxy, processes, queue):
+    from multiprocessing import get_context
+
+    from leases import Pool
+    from leases.models import Resource
+
+    Pool("faulty").add_many([(name, None) for name in ("r0", "r1", "r2")])
+    lost = proxy.drop_reply(r"^UPDATE \S+ SET busy_before", probability=0.05, seed=3)
+    ctx = get_context("fork")
+    occupancy, lock = ctx.Array("i", 3), ctx.Lock()
+    for _ in range(6):
+        processes.start(_hold_through, proxy.port, 4.0, occupancy, lock, queue)
+    results = [queue.get(timeout=90) for _ in range(6)]
+    processes.join_all()
+    held = [pair for got, _, _ in results for pair in got]
+    assert sum(overlaps for _, overlaps, _ in results) == 0
+    assert len(held) > 100 and lost.dropped >= 5
+    assert len(held) == len(set(held)), "a (resource, token) pair was handed out twice"
+    for name in ("r0", "r1", "r2"):
+        tokens = sorted(token for n, token in held if n == name)
+        assert tokens and tokens[-1] <= Resource.objects.get(pool="faulty", name=name).token
+
+
 # -- worker processes through the proxy -------------------------------------------------------
 
 
@@ -212,3 +268,15 @@ def test_workers_ride_out_a_stalled_server(workers, proxy, tmp_path):
     proxy.stall(6)  # past the workers' read timeout (3 s) and their ttl
     time.sleep(6.5)
     drain_and_check(workers, procs, log, total)
+
+
+def test_a_worker_started_during_an_outage_waits_for_the_database(workers, proxy, tmp_path):
+    """The soak found replacements started mid-outage exiting 75 on their queue check."""
+    log = tmp_path / "runs.log"
+    push_many([("noop", {"n": n, "log": str(log)}) for n in range(20)])
+    proxy.refuse(8)
+    proc = workers.start("--queue", "default", "--ttl", "2")
+    time.sleep(6)
+    assert proc.poll() is None, workers.stderr(proc)
+    assert "waiting to start" in workers.stderr(proc)
+    drain_and_check(workers, [proc], log, 20, timeout=60)

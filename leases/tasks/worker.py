@@ -23,7 +23,7 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, TypeVar
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
@@ -40,6 +40,8 @@ from . import registry
 from .models import Job
 
 log = logging.getLogger("leases.tasks.worker")
+
+T = TypeVar("T")
 
 #: Seconds between recoveries of lapsed jobs (the ttl bounds how stale they can be).
 RECOVER_EVERY = 5.0
@@ -280,8 +282,8 @@ class Worker:
 
     # -- life cycle ---------------------------------------------------------------------
 
-    def register(self) -> None:
-        """Insert this process's row and hold it as a lease."""
+    def register(self) -> bool:
+        """Insert this process's row and hold it as a lease; True (for `when_up`)."""
         holder = make_holder()
         sent_at = time.monotonic()
 
@@ -301,19 +303,21 @@ class Worker:
             db_anchor=db.to_datetime(now), mono_anchor=time.monotonic(), using=self.using,
         )
         log.info("worker %s started: queues %s, concurrency %d", holder, ",".join(self.queues), self.concurrency)
+        return True
 
-    def _register_when_up(self) -> bool:
-        """Register, waiting out a database outage (saying so); False if stopped meanwhile."""
+    def when_up(self, call: Callable[[], T]) -> T | None:
+        """`call()`, waiting out a database outage (saying so now and then); None if the
+        worker was told to stop meanwhile. A worker started during an outage waits for the
+        database rather than exiting, as one already running does."""
         started = said = time.monotonic()
         while True:
             try:
-                self.register()
-                return True
+                return call()
             except DatabaseError as exc:
                 if not db.transient(exc):
                     raise
                 if self.stopping:
-                    return False
+                    return None
                 if time.monotonic() - said >= 30 or said == started:
                     said = time.monotonic()
                     log.warning("worker: database unavailable for %.0fs, waiting to start: %s", said - started, exc)
@@ -333,7 +337,7 @@ class Worker:
         return self._stop_at is not None
 
     def run(self) -> Stats:
-        if self.hold is None and not self._register_when_up():
+        if self.hold is None and self.when_up(self.register) is None:
             return self.stats
         threads = _Threads(self.concurrency, self._done)
         next_beat = time.monotonic() + self.ttl / 3

@@ -67,14 +67,6 @@ class Command(LeasesCommand):
         names = [name.strip() for name in options["queue"].split(",") if name.strip()]
         if not names:
             raise CommandError("--queue names no queue", returncode=EX_USAGE)
-        if names != ["*"]:
-            known = jobqueue.known_queues()
-            unknown = sorted(set(names) - known)
-            if "*" in names or unknown:
-                raise CommandError(
-                    f"unknown queue(s): {', '.join(unknown or ['*'])} (known: {', '.join(sorted(known)) or 'none'})",
-                    returncode=EX_USAGE,
-                )
         worker = Worker(
             queues=names,
             concurrency=options["concurrency"],
@@ -86,6 +78,16 @@ class Command(LeasesCommand):
         )
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: worker.stop())
+        if names != ["*"]:
+            known = worker.when_up(jobqueue.known_queues)
+            if known is None:
+                return  # stopped while waiting for the database
+            unknown = sorted(set(names) - known)
+            if "*" in names or unknown:
+                raise CommandError(
+                    f"unknown queue(s): {', '.join(unknown or ['*'])} (known: {', '.join(sorted(known)) or 'none'})",
+                    returncode=EX_USAGE,
+                )
         stats = worker.run()
         if options["verbosity"] > 0:
             self.stderr.write(
