@@ -6,7 +6,7 @@ PYTHON ?= python3
 PY     := $(VENV)/bin/python
 USES_MYSQL := $(findstring mysql,$(firstword $(subst :, ,$(DATABASE_URL))))
 
-.PHONY: venv demo test bench bench-queue clean
+.PHONY: venv demo test bench bench-queue soak clean
 
 $(VENV)/.installed: requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,10 @@ $(VENV)/.bench: $(VENV)/.installed requirements-bench.txt
 # The job queue bench, on its own database: MariaDB unless BENCH_ARGS="--database sqlite".
 bench-queue: $(VENV)/.bench $(if $(findstring sqlite,$(BENCH_ARGS)),,$(VENV)/.mysql)
 	$(PY) bench/queue.py $(BENCH_ARGS)
+
+# Every fault at once for about ten minutes, on its own MariaDB database (see README, Guarantees).
+soak: $(VENV)/.mysql
+	$(PY) bench/soak.py $(SOAK_ARGS)
 
 clean:
 	rm -rf $(VENV) db.sqlite3* test_db.sqlite3*

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -86,3 +87,28 @@ def child_env():
 def manage():
     """argv prefix that runs this checkout's manage.py with the current interpreter."""
     return [sys.executable, str(ROOT / "manage.py")]
+
+
+@pytest.fixture
+def fresh_queue_settings():
+    """Queue settings are cached per process for a second: start and end each test without."""
+    from leases.tasks import queue as jobqueue
+
+    jobqueue.forget_settings()
+    yield
+    jobqueue.forget_settings()
+
+
+def start_lease_run(manage: list[str], env: dict, pool: str, options, child: list[str]) -> subprocess.Popen:
+    """`manage.py lease run POOL OPTIONS -- CHILD...`, its output in pipes."""
+    argv = [*manage, "lease", "run", pool, *options, "--", *child]
+    return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def alive(pid: int) -> bool:
+    """Whether a process of that id exists (signal 0 checks without sending anything)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True

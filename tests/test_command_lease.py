@@ -22,6 +22,7 @@ from leases.management.lines import MAX_LINE, entries
 from leases.models import Resource
 from leases.pool import db_now
 from leases.progress import Progress
+from tests.conftest import alive, start_lease_run
 
 POOL = "proxies"
 
@@ -55,14 +56,6 @@ def wait_for(path: Path, timeout: float = 10) -> str:
         assert time.monotonic() < deadline, f"{path} not written within {timeout}s"
         time.sleep(0.05)
     return path.read_text()
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 # -- progress bar -----------------------------------------------------------------------
@@ -343,11 +336,8 @@ def run(child_env, manage, tmp_path):
 
     def start(options: list[str], mode: str, *args: str) -> subprocess.Popen:
         child = [sys.executable, "-c", CHILD, str(out), mode, *args]
-        argv = [*manage, "lease", "run", POOL, *options, "--", *child]
-        pipe = subprocess.PIPE
-        proc = subprocess.Popen(argv, env=child_env, stdout=pipe, stderr=pipe, text=True)
-        started.append(proc)
-        return proc
+        started.append(start_lease_run(manage, child_env, POOL, options, child))
+        return started[-1]
 
     start.out = out
     yield start

@@ -246,28 +246,24 @@ def test_a_claim_whose_commit_reply_was_lost_is_run_once_by_the_worker_that_made
     assert sorted(n for n, _ in log_lines(log)) == list(range(6))
 
 
-def test_workers_ride_out_an_outage_longer_than_their_ttl(workers, proxy, tmp_path):
+@pytest.mark.parametrize(
+    "fault, seconds",
+    [
+        ("refuse", 9),  # longer than db.run's own retries and than the ttl
+        ("stall", 6),  # past the workers' read timeout (3 s) and their ttl
+    ],
+)
+def test_workers_ride_out_an_outage_longer_than_their_ttl(workers, proxy, tmp_path, fault, seconds):
     log = tmp_path / "runs.log"
     total = 300
     push_many([("noop", {"n": n, "log": str(log)}) for n in range(total)])
     procs = [workers.start("--queue", "default", "--concurrency", "4", "--ttl", "2") for _ in range(2)]
     wait_for(lambda: Job.objects.filter(status=SUCCEEDED).count() >= 50, 30, "the drain to start")
-    proxy.refuse(9)  # longer than db.run's own retries and than the ttl
-    time.sleep(9.5)
+    getattr(proxy, fault)(seconds)
+    time.sleep(seconds + 0.5)
     runs = drain_and_check(workers, procs, log, total)
     assert all("database error" in workers.stderr(proc) for proc in procs)
     assert sum(runs.values()) - total <= 2 * 4  # at most what was running when it began
-
-
-def test_workers_ride_out_a_stalled_server(workers, proxy, tmp_path):
-    log = tmp_path / "runs.log"
-    total = 200
-    push_many([("noop", {"n": n, "log": str(log)}) for n in range(total)])
-    procs = [workers.start("--queue", "default", "--concurrency", "4", "--ttl", "2") for _ in range(2)]
-    wait_for(lambda: Job.objects.filter(status=SUCCEEDED).count() >= 30, 30, "the drain to start")
-    proxy.stall(6)  # past the workers' read timeout (3 s) and their ttl
-    time.sleep(6.5)
-    drain_and_check(workers, procs, log, total)
 
 
 def test_a_worker_started_during_an_outage_waits_for_the_database(workers, proxy, tmp_path):

@@ -20,6 +20,7 @@ from django.db import connection
 
 from leases import Pool
 from leases.models import Resource
+from tests.conftest import alive, start_lease_run
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -60,14 +61,6 @@ def through(proxy, child_env):
 
 def rows() -> list:
     return list(Resource.objects.order_by("pool", "name").values())
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 # -- ResourceThread in a child process -----------------------------------------------------
@@ -229,11 +222,8 @@ def lease_run(through, manage, tmp_path):
 
     def start(*options: str, sleep: float = 0, code: int = 0) -> subprocess.Popen:
         child = [sys.executable, "-c", RUN_CHILD, str(marker), str(sleep), str(code)]
-        argv = [*manage, "lease", "run", POOL, *options, "--", *child]
-        pipe = subprocess.PIPE
-        proc = subprocess.Popen(argv, env=through, stdout=pipe, stderr=pipe, text=True)
-        started.append(proc)
-        return proc
+        started.append(start_lease_run(manage, through, POOL, options, child))
+        return started[-1]
 
     start.marker = marker
     yield start

@@ -15,16 +15,9 @@ from leases.tasks import queue as jobqueue
 from leases.tasks.models import Job, JobError, Queue
 from leases.tasks.worker import Outcome, Worker
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("fresh_queue_settings")]
 
 READY, RUNNING, SUCCEEDED, FAILED, DEAD, CANCELLED = range(6)
-
-
-@pytest.fixture(autouse=True)
-def fresh_settings():
-    jobqueue.forget_settings()
-    yield
-    jobqueue.forget_settings()
 
 
 def worker(**options) -> Worker:

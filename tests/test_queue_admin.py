@@ -19,7 +19,7 @@ from leases.tasks.admin import JobAdmin
 from leases.tasks.models import Job, JobError, Queue, Worker
 from tests.test_tasks_admin import table
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("fresh_queue_settings")]
 
 JOBS = reverse("admin:leases_tasks_job_changelist")
 QUEUES = reverse("admin:leases_tasks_queue_changelist")
@@ -29,13 +29,6 @@ WORKERS = reverse("admin:leases_tasks_worker_changelist")
 @pytest.fixture(autouse=True)
 def fast_passwords(settings):
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
-@pytest.fixture(autouse=True)
-def fresh_settings():
-    jobqueue.forget_settings()
-    yield
-    jobqueue.forget_settings()
 
 
 def make(name: str, status: int = Job.READY, queue: str = "default", run_in: float = -12, **fields) -> Job:

@@ -8,29 +8,21 @@ from __future__ import annotations
 
 import logging
 import subprocess
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 
 import pytest
 from django.db import connection
 
 import tests.jobs  # noqa: F401 - registers noop, boom, echo
-from leases.pool import db_now
 from leases.tasks import handler, push, push_many
 from leases.tasks import queue as jobqueue
 from leases.tasks.models import Job, JobError, Queue
 from leases.tasks.worker import Outcome, Worker, execute, handler_for
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("fresh_queue_settings")]
 
 READY, RUNNING, SUCCEEDED, FAILED, DEAD, CANCELLED = range(6)
 BAD_RESULT = "leases.exceptions.BadResult"
-
-
-@pytest.fixture(autouse=True)
-def fresh_settings():
-    jobqueue.forget_settings()
-    yield
-    jobqueue.forget_settings()
 
 
 def drain(queues=("default",)) -> Worker:

@@ -24,17 +24,10 @@ from leases.tasks import queue as jobqueue
 from leases.tasks.models import Job, JobError, Queue
 from leases.tasks.models import Worker as WorkerRow
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.usefixtures("fresh_queue_settings")]
 
 READY, RUNNING, SUCCEEDED, FAILED, DEAD, CANCELLED = range(6)
 LOST = "leases.exceptions.WorkerLost"
-
-
-@pytest.fixture(autouse=True)
-def fresh_settings():
-    jobqueue.forget_settings()
-    yield
-    jobqueue.forget_settings()
 
 
 class Workers:
