@@ -135,7 +135,7 @@ def noop(payload: Any) -> None:
 # -- raw SQL, per vendor --------------------------------------------------------------
 
 COLUMNS = ("queue, name, backend, payload, dedupe_key, pending_key, priority, max_attempts,"
-           " run_at, status, attempt, worker, enqueued_at")
+           " run_at, status, attempt, claims, pushes, worker, enqueued_at")
 
 
 def raw_sql(vendor: str) -> dict[str, str]:
@@ -151,11 +151,11 @@ def raw_sql(vendor: str) -> dict[str, str]:
     return {
         "p": p,
         "begin": begin,
-        "row": f"({p}, {p}, '', {p}, {p}, {p}, 0, 1, {later}, 0, 0, '', {now})",
+        "row": f"({p}, {p}, '', {p}, {p}, {p}, 0, 1, {later}, 0, 0, 0, 1, '', {now})",
         "insert": f"INSERT INTO leases_tasks_job ({COLUMNS}) VALUES ",
         "pick": (f"SELECT id, payload, attempt FROM leases_tasks_job WHERE status = 0 AND queue = {p}"
                  f" AND run_at <= {now} ORDER BY priority DESC, run_at, id LIMIT {p}{skip}"),
-        "take": (f"UPDATE leases_tasks_job SET status = 1, attempt = attempt + 1, worker = {p},"
+        "take": (f"UPDATE leases_tasks_job SET status = 1, attempt = attempt + 1, claims = claims + 1, worker = {p},"
                  f" pending_key = NULL, started_at = {now}, expires_at = {later} WHERE status = 0 AND id IN "),
         "done": (f"UPDATE leases_tasks_job SET status = 2, result = 'null', finished_at = {now},"
                  f" expires_at = NULL WHERE status = 1 AND id IN "),

@@ -12,9 +12,12 @@ import json
 import math
 import unicodedata
 from datetime import datetime, timedelta, timezone
+from functools import lru_cache
 from typing import Any
 
 from django.conf import settings
+from django.core.signals import setting_changed
+from django.dispatch import receiver
 
 #: Longest duration anywhere (ttl, wait, delay, quarantine, timeout, age): ten years,
 #: far beyond any lease, and still far inside DATETIME's range.
@@ -93,11 +96,20 @@ def check_moment(value: Any, what: str) -> datetime:
     return value
 
 
+@lru_cache(maxsize=1)
 def max_json_bytes() -> int:
+    """settings.LEASES_MAX_JSON_BYTES, read once (a missing setting is slow to look up,
+    and every push looks)."""
     value = getattr(settings, "LEASES_MAX_JSON_BYTES", MAX_JSON_BYTES)
     if isinstance(value, bool) or not isinstance(value, int) or not 1024 <= value <= 8 * MAX_JSON_BYTES:
         raise ValueError(f"LEASES_MAX_JSON_BYTES must be a whole number from 1024 to {8 * MAX_JSON_BYTES}")
     return value
+
+
+@receiver(setting_changed)
+def _forget_limit(setting: str, **kwargs: Any) -> None:
+    if setting == "LEASES_MAX_JSON_BYTES":
+        max_json_bytes.cache_clear()
 
 
 def dump_json(value: Any, what: str, sort_keys: bool = False) -> str:
@@ -113,7 +125,7 @@ def dump_json(value: Any, what: str, sort_keys: bool = False) -> str:
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{what} must be JSON-serialisable: {exc}") from None
     try:
-        size = len(text.encode("utf-8"))
+        size = len(text) if text.isascii() else len(text.encode("utf-8"))
     except UnicodeEncodeError:
         raise ValueError(f"{what} holds a lone surrogate (text that is not valid Unicode)") from None
     limit = max_json_bytes()

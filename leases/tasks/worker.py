@@ -481,10 +481,11 @@ class Worker:
             return []
         name = self.name
         known = set(self.running) | {outcome.job.id for outcome in self._pending}
+        unsure = self._claim_unsure
 
         def work(cursor: Any, resumed: bool) -> list[ClaimedJob]:
             st = statements(cursor.db, "job")
-            if resumed or self._claim_unsure:
+            if resumed or unsure:
                 cursor.execute(st.mine, (name,))
                 found = [row for row in cursor.fetchall() if row[0] not in known]
                 if found:
