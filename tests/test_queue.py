@@ -377,3 +377,20 @@ def test_the_claim_is_an_index_range_scan_beside_finished_rows():
         plan = dict(zip(columns, cursor.fetchone()))
     assert plan["key"] == "leases_job_claim", plan
     assert "filesort" not in (plan["Extra"] or ""), plan
+
+
+def test_a_claim_looks_up_its_own_jobs_only_after_one_that_may_have_committed_unseen(monkeypatch):
+    from leases import db
+    from leases.sql import statements
+
+    push_many([("noop", {"n": n}) for n in range(4)])
+    w = worker()
+    sent: list[str] = []
+    execute = db.Cursor.execute
+    monkeypatch.setattr(db.Cursor, "execute", lambda self, sql, params=(): (sent.append(sql), execute(self, sql, params))[1])
+    mine = statements(connection, "job").mine
+    assert len(w.claim(2)) == 2 and mine not in sent  # the usual claim: no extra statement
+    w._claim_unsure = True  # the last claim's reply was lost
+    found = w.claim(2)
+    assert mine in sent and len(found) == 2 and not w._claim_unsure
+    assert {job.claims for job in found} == {1}
