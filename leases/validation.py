@@ -41,9 +41,10 @@ def check_name(value: Any, what: str, max_length: int) -> str:
         raise ValueError(f"{what} is longer than {max_length} characters: {value[:40]!r}...")
     if value != value.strip():
         raise ValueError(f"{what} must not start or end with whitespace: {value!r}")
-    for char in value:
-        if unicodedata.category(char) in _FORBIDDEN:
-            raise ValueError(f"{what} must not contain control or invisible characters: {value[:40]!r}")
+    if not value.isprintable():  # rare: look closer (non-ASCII spaces, for one, are fine)
+        for char in value:
+            if unicodedata.category(char) in _FORBIDDEN:
+                raise ValueError(f"{what} must not contain control or invisible characters: {value[:40]!r}")
     return value
 
 

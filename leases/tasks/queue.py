@@ -132,7 +132,7 @@ def new_job(
             raise ValueError("give delay or run_at, not both")
         run_at = check_run_at(run_at)
     return NewJob(
-        queue=check_queue(spec.queue if queue is None else queue),
+        queue=spec.queue if queue is None else check_queue(queue),  # a handler's was checked
         name=name,
         payload=text,
         key=default_key(name, text) if key is None else check_key(key),
