@@ -62,13 +62,13 @@ def check_seconds(
     """
     if isinstance(value, timedelta):
         value = value.total_seconds()
-    low = f"> {minimum:g}" if above else f">= {minimum:g}"
     if (
         isinstance(value, bool)
         or not isinstance(value, (int, float))
         or not math.isfinite(value)
         or (value <= minimum if above else value < minimum)
     ):
+        low = f"> {minimum:g}" if above else f">= {minimum:g}"
         raise ValueError(f"{what} must be a finite number of seconds {low}, not {value!r}")
     if value > maximum:
         raise ValueError(f"{what} must be at most {maximum:g} seconds ({_human(maximum)}), not {value!r}")
