@@ -262,7 +262,8 @@ def test_workers_ride_out_an_outage_longer_than_their_ttl(workers, proxy, tmp_pa
     getattr(proxy, fault)(seconds)
     time.sleep(seconds + 0.5)
     runs = drain_and_check(workers, procs, log, total)
-    assert all("database error" in workers.stderr(proc) for proc in procs)
+    if fault == "refuse":  # longer than db.run retries: the loop itself waited it out
+        assert all("database error" in workers.stderr(proc) for proc in procs)
     assert sum(runs.values()) - total <= 2 * 4  # at most what was running when it began
 
 
