@@ -11,7 +11,7 @@ from datetime import datetime, timedelta
 from functools import lru_cache
 from typing import Any
 
-from django.db import DatabaseError, InterfaceError, connections
+from django.db import Error, connections
 
 from . import db
 from .exceptions import LeaseLost
@@ -177,7 +177,7 @@ def keep_alive(lease: Hold, interval: float, stop: threading.Event) -> None:
             if not lease.released:  # released on purpose (fix(), exit) is no news
                 log.warning("lost %s (token %s)", lease, lease.token)
             return
-        except (DatabaseError, InterfaceError) as exc:
+        except Error as exc:
             if lease.remaining() <= 0:
                 lease._mark_lost()
                 log.warning("%s ran out while renewal failed: %s", lease, exc)

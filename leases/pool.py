@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Callable, Iterable, Iterator
 
-from django.db import InterfaceError, OperationalError, connections, transaction
+from django.db import Error, connections, transaction
 
 from . import db
 from .exceptions import NoResourceAvailable, UnknownPool, UnknownResource
@@ -157,7 +157,7 @@ class Pool:
                 lease = self._recover(in_doubt, holder, ttl) or self._try_acquire(
                     ttl, holder, first=not answered, in_doubt=in_doubt
                 )
-            except (OperationalError, InterfaceError) as exc:
+            except Error as exc:
                 if not db.transient(exc):
                     raise
                 error = exc
@@ -188,7 +188,7 @@ class Pool:
                 claim = _Claim(tuple(row), mono_anchor, sent_at=time.monotonic())
                 try:
                     won = db.run(self._claimer(claim.id, claim.token, holder, ttl), self.using)
-                except (OperationalError, InterfaceError) as exc:
+                except Error as exc:
                     if db.transient(exc):  # the claim may have committed before the outage
                         in_doubt.append(claim)
                     raise

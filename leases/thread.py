@@ -6,7 +6,7 @@ import math
 import threading
 import time
 
-from django.db import DatabaseError, InterfaceError, connections
+from django.db import Error, connections
 
 from . import db
 from .exceptions import NoResourceAvailable, UnknownPool, UnknownResource
@@ -14,8 +14,6 @@ from .lease import Lease, keep_alive, release_within
 from .pool import Pool
 
 log = logging.getLogger("leases")
-
-_DB_ERRORS = (DatabaseError, InterfaceError)
 
 
 class ResourceThread(threading.Thread):
@@ -145,7 +143,7 @@ class ResourceThread(threading.Thread):
                     log.warning("%s: pool %r has no resources, waiting (%.0fs so far)", self.name,
                                 self._pool.name, time.monotonic() - started)
                 self._stopping.wait(self.interval)
-            except _DB_ERRORS as exc:
+            except Error as exc:
                 transient = db.transient(exc)
                 if not (transient or background):
                     raise
@@ -210,6 +208,6 @@ class ResourceThread(threading.Thread):
         """Release `lease` within `seconds`; failing is only a warning, as it frees itself."""
         try:
             release_within(lease, seconds)
-        except (*_DB_ERRORS, TimeoutError) as exc:
+        except (Error, TimeoutError) as exc:
             log.warning("%s: could not release %s (%s); it frees itself within %gs",
                         self.name, lease, exc, lease.ttl)

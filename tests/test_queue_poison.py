@@ -310,3 +310,20 @@ def test_the_worker_command_refuses_bad_values_in_one_line(manage, child_env, tm
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0], result.stderr
+
+
+def test_the_loop_survives_a_closed_connection_that_outlasts_the_retries(monkeypatch, caplog):
+    """The driver's "(0, '')" is Django's InterfaceError, which is no DatabaseError."""
+    from django.db import InterfaceError
+
+    push("noop", {"n": 1})
+    failures = iter([InterfaceError(0, "")])
+
+    def recover_once_broken(self):
+        for exc in failures:
+            raise exc
+        return 0
+
+    monkeypatch.setattr(Worker, "recover", recover_once_broken)
+    stats = drain().stats
+    assert stats.succeeded == 1 and "database error" in caplog.text

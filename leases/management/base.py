@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
-from django.db import InterfaceError, OperationalError
+from django.db import Error
 
 from leases import db
 
@@ -25,7 +25,7 @@ class LeasesCommand(BaseCommand):
             return super().execute(*args, **options)
         except ValueError as exc:
             raise CommandError(str(exc), returncode=EX_USAGE) from None
-        except (OperationalError, InterfaceError) as exc:
+        except Error as exc:
             if not db.transient(exc):
                 raise
             raise CommandError(f"database unavailable, try again later: {exc}", returncode=EX_TEMPFAIL) from None

@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterable, TypeVar
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
-from django.db import DatabaseError, close_old_connections, connections
+from django.db import Error, close_old_connections, connections
 
 from leases import db
 from leases.exceptions import BadResult, Fail, LeaseLost, UnknownHandler, WorkerLost
@@ -313,7 +313,7 @@ class Worker:
         while True:
             try:
                 return call()
-            except DatabaseError as exc:
+            except Error as exc:
                 if not db.transient(exc):
                     raise
                 if self.stopping:
@@ -363,7 +363,7 @@ class Worker:
                     if self._should_exit(claimed + timed_out + len(outcomes)):
                         break
                     self._flush(self._collect(wait=self._wait_time()))
-                except DatabaseError as exc:
+                except Error as exc:
                     # Outcomes not yet written stay pending, and the heartbeat keeps their
                     # jobs ours once it gets through. Beyond the ttl they are recovered.
                     log.error("worker %s: database error, retrying in 1s: %s", self.name, exc)
@@ -385,7 +385,7 @@ class Worker:
             if self.running or self._claim_unsure:
                 self.hand_back()
             self.trim()
-        except DatabaseError as exc:
+        except Error as exc:
             log.error("worker %s: could not hand back its jobs (%s); they are recovered when their"
                       " leases lapse", self.name, exc)
 
@@ -575,7 +575,7 @@ class Worker:
         try:
             self.finish(batch)
             return
-        except (DatabaseError, ValueError) as exc:
+        except (Error, ValueError) as exc:
             if self._outage(exc):
                 self._pending = batch
                 raise
@@ -584,7 +584,7 @@ class Worker:
         for index, outcome in enumerate(batch):
             try:
                 self._write_alone(outcome)
-            except DatabaseError:
+            except Error:
                 self._pending = batch[index:]
                 raise
 
@@ -592,7 +592,7 @@ class Worker:
         try:
             self.finish([outcome])
             return
-        except (DatabaseError, ValueError) as exc:
+        except (Error, ValueError) as exc:
             if self._outage(exc):
                 raise
             refused = exc
@@ -601,7 +601,7 @@ class Worker:
                   " with that error instead", self.name, job.name, job.id, refused)
         try:
             self.finish([outcome.refused(refused)])
-        except (DatabaseError, ValueError) as exc:
+        except (Error, ValueError) as exc:
             if self._outage(exc):
                 raise
             log.error("worker %s: could not record that either (%s): %s #%d is recovered when its lease"
@@ -610,11 +610,11 @@ class Worker:
     def _outage(self, exc: Exception) -> bool:
         """Whether `exc` came from the database being away rather than from what was sent:
         a transient error, and the database does not answer a trivial query either."""
-        if not (isinstance(exc, DatabaseError) and db.transient(exc)):
+        if not (isinstance(exc, Error) and db.transient(exc)):
             return False
         try:
             db.run(lambda cursor, resumed: cursor.execute("SELECT 1"), self.using, attempts=2)
-        except DatabaseError:
+        except Error:
             return True
         return False
 

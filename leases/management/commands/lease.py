@@ -17,7 +17,7 @@ import time
 from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
-from django.db import DatabaseError, InterfaceError
+from django.db import Error
 
 from leases import db
 from leases.durations import parse_duration
@@ -280,7 +280,7 @@ class Command(LeasesCommand):
         deadline = time.monotonic() + budget
         try:
             release_within(lease, budget)
-        except (DatabaseError, InterfaceError, TimeoutError) as exc:
+        except (Error, TimeoutError) as exc:
             log.warning("could not release %s (%s); it frees itself within %gs", lease, exc, lease.ttl)
         heartbeat.stop(deadline - time.monotonic())
 
