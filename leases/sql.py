@@ -111,6 +111,11 @@ LOCK = {
 }
 
 
+def in_list(values: Any) -> str:
+    """The rest of an `IN (` clause that a statement ends with: one placeholder a value."""
+    return ", ".join(["%s"] * len(values)) + ")"
+
+
 _KINDS: dict[str, tuple[dict[str, str], dict[str, str]]] = {}
 
 

@@ -24,7 +24,7 @@ from django.db.models import Count
 
 from leases import db
 from leases.locks import lock
-from leases.sql import register, statements
+from leases.sql import in_list, register, statements
 from leases.validation import check_name, check_seconds
 
 from .models import NAME_LENGTH, VALUE_LENGTH, WORKER_LENGTH, DispatchWorker, PoolTask, TaskPool
@@ -86,10 +86,6 @@ register(
     },
     {"t": "leases_tasks.PoolTask", "w": "leases_tasks.DispatchWorker", "p": "leases_tasks.TaskPool"},
 )
-
-
-def _in(ids: list) -> str:
-    return ", ".join(["%s"] * len(ids)) + ")"
 
 
 def _chunks(items: list, size: int) -> Iterable[list]:
@@ -213,7 +209,7 @@ class Dispatcher:
         """`key`'s statement + `more`, completed with an IN list of `ids`; the row count."""
 
         def work(cursor: Any, resumed: bool) -> int:
-            sql = getattr(statements(cursor.db, "dispatch"), key) + more + _in(ids)
+            sql = getattr(statements(cursor.db, "dispatch"), key) + more + in_list(ids)
             cursor.execute(sql, (*params, *ids))
             return cursor.rowcount
 
@@ -251,13 +247,13 @@ class Dispatcher:
                     cursor.execute(st.pick, (self.name, limit - len(bucket)))
                     picked = [row[0] for row in cursor.fetchall()]
                     if picked:
-                        cursor.execute(st.take + _in(picked), (worker, *picked))
+                        cursor.execute(st.take + in_list(picked), (worker, *picked))
                         # Without SKIP LOCKED a concurrent claim may win some: read back.
                         cursor.execute(st.bucket, (self.name, worker))
                         bucket = cursor.fetchall()
                 elif len(bucket) > limit:
                     excess = [row[0] for row in bucket[limit:]]
-                    cursor.execute(st.trim + _in(excess), (worker, *excess))
+                    cursor.execute(st.trim + in_list(excess), (worker, *excess))
                     bucket = bucket[:limit]
             return [value for _, value in bucket]
 

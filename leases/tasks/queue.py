@@ -23,7 +23,7 @@ from django.db import connections
 
 from leases import db
 from leases.exceptions import QueueFull
-from leases.sql import statements
+from leases.sql import in_list, statements
 from leases.validation import check_moment, check_seconds, dump_json
 
 from . import registry
@@ -41,14 +41,6 @@ BATCH_CHARS = 2 << 20
 SETTINGS_TTL = 1.0
 #: Finished runs kept per key unless settings.LEASES_KEEP_RUNS says otherwise.
 KEEP_RUNS = 100
-
-
-def _in(values: Sequence) -> str:
-    return ", ".join(["%s"] * len(values)) + ")"
-
-
-def _pairs(count: int) -> str:
-    return " OR ".join(["(id = %s AND attempt = %s)"] * count) + ")"
 
 
 # -- validation -------------------------------------------------------------------------
@@ -550,8 +542,8 @@ def _delete(ids: list, using: str | None) -> int:
     def work(cursor: Any, resumed: bool) -> int:
         st = statements(cursor.db, "job")
         with db.write_transaction(cursor.db.alias):
-            cursor.execute(st.delete_errors + _in(ids), ids)
-            cursor.execute(st.delete + _in(ids), ids)
+            cursor.execute(st.delete_errors + in_list(ids), ids)
+            cursor.execute(st.delete + in_list(ids), ids)
             return cursor.rowcount
 
     return db.run(work, using)
@@ -582,7 +574,7 @@ def _crowded(keys: list[str], keep: int, using: str | None) -> list[str]:
 
     def work(cursor: Any, resumed: bool) -> list[str]:
         st = statements(cursor.db, "job")
-        cursor.execute(st.crowded + _in(keys) + st.crowded_tail, (*keys, keep))
+        cursor.execute(st.crowded + in_list(keys) + st.crowded_tail, (*keys, keep))
         return [row[0] for row in cursor.fetchall()]
 
     return db.run(work, using)
@@ -620,7 +612,7 @@ def _update_ids(key: str, ids: Sequence[int], using: str | None) -> int:
     for chunk in _chunks(list(ids)):
 
         def work(cursor: Any, resumed: bool) -> int:
-            cursor.execute(getattr(statements(cursor.db, "job"), key) + _in(chunk), chunk)
+            cursor.execute(getattr(statements(cursor.db, "job"), key) + in_list(chunk), chunk)
             return cursor.rowcount
 
         changed += db.run(work, using)
@@ -654,12 +646,12 @@ def discard(ids: Sequence[int], using: str | None = None) -> int:
         def work(cursor: Any, resumed: bool) -> int:
             st = statements(cursor.db, "job")
             with db.write_transaction(cursor.db.alias):
-                cursor.execute(st.discardable + _in(chunk) + db.for_update(cursor.db), chunk)
+                cursor.execute(st.discardable + in_list(chunk) + db.for_update(cursor.db), chunk)
                 doomed = [row[0] for row in cursor.fetchall()]
                 if not doomed:
                     return 0
-                cursor.execute(st.delete_errors + _in(doomed), doomed)
-                cursor.execute(st.discard + _in(doomed), doomed)
+                cursor.execute(st.delete_errors + in_list(doomed), doomed)
+                cursor.execute(st.discard + in_list(doomed), doomed)
                 return cursor.rowcount
 
         deleted += db.run(work, using)

@@ -32,7 +32,7 @@ from django.db import Error, close_old_connections, connections
 from leases import db
 from leases.exceptions import BadResult, Fail, LeaseLost, UnknownHandler, WorkerLost
 from leases.lease import Hold, make_holder
-from leases.sql import statements
+from leases.sql import in_list, statements
 from leases.validation import check_seconds, clean_text
 
 from . import queue as jobqueue
@@ -282,8 +282,8 @@ class Worker:
 
     # -- life cycle ---------------------------------------------------------------------
 
-    def register(self) -> bool:
-        """Insert this process's row and hold it as a lease; True (for `when_up`)."""
+    def register(self) -> WorkerHold:
+        """Insert this process's row and hold it as a lease."""
         holder = make_holder()
         sent_at = time.monotonic()
 
@@ -303,7 +303,7 @@ class Worker:
             db_anchor=db.to_datetime(now), mono_anchor=time.monotonic(), using=self.using,
         )
         log.info("worker %s started: queues %s, concurrency %d", holder, ",".join(self.queues), self.concurrency)
-        return True
+        return self.hold
 
     def when_up(self, call: Callable[[], T]) -> T | None:
         """`call()`, waiting out a database outage (saying so now and then); None if the
@@ -395,7 +395,7 @@ class Worker:
             if not self.running:
                 return True
             return time.monotonic() >= self._stop_at
-        if self.max_jobs is not None and self.stats.claimed >= self.max_jobs and not self.running:
+        if self._max_reached() and not self.running:
             return True
         if not self.burst or busy or self.running or self._pending:
             return False
@@ -507,9 +507,9 @@ class Worker:
                     rows.sort(key=lambda row: (-row[1], str(row[2]), row[0]))
                     rows = rows[:limit]
                 ids = [row[0] for row in rows]
-                cursor.execute(st.take + jobqueue._in(ids), (name, db.dialect(cursor.db).seconds(self.ttl), *ids))
+                cursor.execute(st.take + in_list(ids), (name, db.dialect(cursor.db).seconds(self.ttl), *ids))
                 if cursor.rowcount != len(ids):
-                    cursor.execute(st.taken + jobqueue._in(ids), (name, *ids))
+                    cursor.execute(st.taken + in_list(ids), (name, *ids))
                     won = {row[0] for row in cursor.fetchall()}
                     rows = [row for row in rows if row[0] in won]
             return [self._claimed(row, name, taken=False) for row in rows]
@@ -702,7 +702,7 @@ class Worker:
 
         def work(cursor: Any, resumed: bool) -> int:
             sql = statements(cursor.db, "job").hand_back
-            cursor.execute(sql + (" AND id NOT IN (" + jobqueue._in(keep) if keep else ""), params)
+            cursor.execute(sql + (" AND id NOT IN (" + in_list(keep) if keep else ""), params)
             return cursor.rowcount
 
         count = db.run(work, self.using)
@@ -733,7 +733,7 @@ class Worker:
         name = self.name
 
         def work(cursor: Any, resumed: bool) -> None:
-            sql = statements(cursor.db, "job").extend + jobqueue._in(ids)
+            sql = statements(cursor.db, "job").extend + in_list(ids)
             cursor.execute(sql, (db.dialect(cursor.db).seconds(self.ttl), name, *ids))
 
         db.run(work, self.using)
