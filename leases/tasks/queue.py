@@ -53,14 +53,6 @@ def check_priority(priority: Any) -> int:
     return priority
 
 
-def check_delay(delay: Any) -> float:
-    return check_seconds(delay, "delay")
-
-
-def check_run_at(run_at: Any) -> datetime:
-    return check_moment(run_at, "run_at")
-
-
 def dump_payload(payload: Any, what: str = "payload") -> str:
     """JSON text the database stores as it is (never pickle): ValueError for what JSON
     cannot carry, lone surrogates, nesting past 31 levels and LEASES_MAX_JSON_BYTES."""
@@ -118,11 +110,11 @@ def new_job(
     """Validate one push, raising ValueError/UnknownHandler before anything is written."""
     spec = registry.get(name)
     text = dump_payload(payload)
-    delay = check_delay(delay)
+    delay = check_seconds(delay, "delay")
     if run_at is not None:
         if delay:
             raise ValueError("give delay or run_at, not both")
-        run_at = check_run_at(run_at)
+        run_at = check_moment(run_at, "run_at")
     return NewJob(
         queue=spec.queue if queue is None else check_queue(queue),  # a handler's was checked
         name=name,

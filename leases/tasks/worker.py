@@ -572,15 +572,16 @@ class Worker:
         if not self._pending:
             return
         batch, self._pending = self._pending, []
-        try:
-            self.finish(batch)
-            return
-        except (Error, ValueError) as exc:
-            if self._outage(exc):
-                self._pending = batch
-                raise
-            log.warning("worker %s: writing %d outcome(s) failed (%s); writing them one by one",
-                        self.name, len(batch), exc)
+        if len(batch) > 1:
+            try:
+                self.finish(batch)
+                return
+            except (Error, ValueError) as exc:
+                if self._outage(exc):
+                    self._pending = batch
+                    raise
+                log.warning("worker %s: writing %d outcomes failed (%s); writing them one by one",
+                            self.name, len(batch), exc)
         for index, outcome in enumerate(batch):
             try:
                 self._write_alone(outcome)
