@@ -45,9 +45,10 @@ _USERINFO = re.compile(r"(?<!\S)([^\s:]*://[^\s:]*:|[^\s:]*:(?!//))\S*@")
 #: A secret-looking name, bare (api_key, X-Auth-Token) or quoted as a dict's repr or JSON
 #: quotes keys, and its value: after "=" up to whitespace or "&" (the next query parameter),
 #: after ":" the rest of the line (a header: "Authorization: Basic dXNl..."). A quoted value
-#: keeps its quotes if it ends there ("'a'b" is masked whole). A bare name ending in Error, Exception or Warning is the exception of a
-#: traceback's last line ("KeyError: 'token'"), not a key. Names are matched as whole runs
-#: (lookbehind, then a lookahead for the word) to keep the search linear on long runs.
+#: keeps its quotes if it ends there ("'a'b" is masked whole). A bare name ending in Error,
+#: Exception or Warning is the exception of a traceback's last line ("KeyError: 'token'").
+#: Names are matched as whole runs (lookbehind, then a lookahead for the word) to keep the
+#: search linear on long runs.
 _PAIR = re.compile(
     rf"""
     (?P<name>
