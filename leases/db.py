@@ -227,7 +227,7 @@ def run(
 
     `resumed` is true when an earlier attempt died with the connection, so its outcome is
     unknown: the statement may have committed. Work that is not idempotent checks first.
-    A refused connection is retried with longer pauses (4 to 7 s in all) than a lost
+    A refused connection is retried with longer pauses (4 to 9 s in all) than a lost
     race. Inside a caller's transaction nothing is retried: the transaction is already lost.
     """
     connection = connections[alias(using)]

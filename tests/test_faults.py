@@ -249,7 +249,7 @@ def test_a_claim_whose_commit_reply_was_lost_is_run_once_by_the_worker_that_made
 @pytest.mark.parametrize(
     "fault, seconds",
     [
-        ("refuse", 9),  # longer than db.run's own retries and than the ttl
+        ("refuse", 12),  # longer than db.run's own retries (at most 9 s) and than the ttl
         ("stall", 6),  # past the workers' read timeout (3 s) and their ttl
     ],
 )
