@@ -28,6 +28,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "leases",
     "leases.tasks",
+    "leases.pipelines",
 ]
 
 MIDDLEWARE = [

@@ -129,7 +129,10 @@ class Job(models.Model):
     with every claim and fences the outcome: a late finisher whose attempt was recovered
     and re-run writes nothing. `attempt` counts the tries that count against
     `max_attempts`: a worker's graceful hand-back, or one that lacks the handler, gives
-    the try back (`attempt` goes down; `claims` never does).
+    the try back (`attempt` goes down; `claims` never does). When a job with `on_finish`
+    ends for good (succeeded, failed, dead, cancelled, or discarded while waiting), the
+    statement that ends it also queues an `on_finish` job whose payload names it: how
+    pipelines learn that a task finished, with no window in which a crash loses it.
     """
 
     READY, RUNNING, SUCCEEDED, FAILED, DEAD, CANCELLED = range(6)
@@ -159,6 +162,10 @@ class Job(models.Model):
     pushes = models.PositiveIntegerField(default=1, help_text="Pushes merged into this job by its key.")
     bounced_at = models.DateTimeField(
         null=True, blank=True, help_text="When a worker without its handler first gave it back."
+    )
+    on_finish = models.CharField(
+        max_length=JOB_NAME_LENGTH, blank=True, default="",
+        help_text="Handler of a job queued, in the same transaction, when this one ends for good.",
     )
     worker = models.CharField(max_length=WORKER_LENGTH, blank=True, default="")
     expires_at = models.DateTimeField(

@@ -41,6 +41,8 @@ BATCH_CHARS = 2 << 20
 SETTINGS_TTL = 1.0
 #: Finished runs kept per key unless settings.LEASES_KEEP_RUNS says otherwise.
 KEEP_RUNS = 100
+#: Attempts of an on_finish job whose handler this process does not know.
+FOLLOW_UP_ATTEMPTS = 100
 
 
 # -- validation -------------------------------------------------------------------------
@@ -87,9 +89,11 @@ class NewJob:
     delay: float = 0.0
     run_at: datetime | None = None
     backend: str = ""
+    #: Handler of the job queued when this one ends for good (see Job.on_finish).
+    on_finish: str = ""
 
     def params(self, connection: Any) -> list:
-        head = [self.queue, self.name, self.backend, self.payload, self.key, self.key, self.priority]
+        head = [self.queue, self.name, self.backend, self.on_finish, self.payload, self.key, self.key, self.priority]
         head.append(self.max_attempts)
         if self.run_at is not None:
             return head + [db.dialect(connection).stored_datetime(self.run_at)]
@@ -262,6 +266,25 @@ def insert(jobs: Sequence[NewJob], using: str | None = None, fetch_key: str | No
             return cursor.fetchone()
 
     return db.run(work, using)
+
+
+def follow_up(job_id: int, queue: str, on_finish: str) -> NewJob:
+    """The job queued when job `job_id` ends for good: on its queue (which a worker
+    serves), ahead of ordinary work, once per ending (its key merges a second one)."""
+    spec = registry.find(on_finish)
+    return NewJob(
+        queue=queue, name=on_finish, payload=json.dumps({"job": job_id}), key=f"{on_finish}:{job_id}",
+        priority=PRIORITY_RANGE[1], max_attempts=spec.max_attempts if spec else FOLLOW_UP_ATTEMPTS,
+    )
+
+
+def follow_ups(cursor: Any, ended: Iterable[tuple[int, str, str]]) -> None:
+    """Queue the on_finish job of each (id, queue, on_finish) that just ended for good,
+    in the caller's transaction, so the ending and its notice commit together."""
+    st = statements(cursor.db, "job")
+    for job_id, queue, on_finish in ended:
+        if on_finish:
+            cursor.execute(st.insert + st.row + st.insert_tail, follow_up(job_id, queue, on_finish).params(cursor.db))
 
 
 def reschedule(job: NewJob, using: str | None = None) -> bool:
@@ -618,7 +641,24 @@ def _chunks(ids: list, size: int = 500) -> Iterable[list]:
 
 def cancel(ids: Sequence[int], using: str | None = None) -> int:
     """Cancel waiting jobs (running ones are left to finish); returns how many."""
-    return _update_ids("cancel", ids, using)
+    cancelled = 0
+    for chunk in _chunks(list(ids)):
+
+        def work(cursor: Any, resumed: bool) -> int:
+            st = statements(cursor.db, "job")
+            with db.write_transaction(cursor.db.alias):
+                cursor.execute(st.cancellable + in_list(chunk) + db.for_update(cursor.db), chunk)
+                rows = cursor.fetchall()
+                if not rows:
+                    return 0
+                doomed = [row[0] for row in rows]
+                cursor.execute(st.cancel + in_list(doomed), doomed)
+                count = cursor.rowcount
+                follow_ups(cursor, rows)
+                return count
+
+        cancelled += db.run(work, using)
+    return cancelled
 
 
 def retry(ids: Sequence[int], using: str | None = None) -> int:
@@ -627,7 +667,8 @@ def retry(ids: Sequence[int], using: str | None = None) -> int:
 
 
 def discard(ids: Sequence[int], using: str | None = None) -> int:
-    """Delete jobs that are not running, with their errors; returns how many.
+    """Delete jobs that are not running, with their errors; returns how many. A waiting
+    job's on_finish job is queued (its handler finds the job gone).
 
     The deletable rows are locked first, so a job a worker claims meanwhile keeps its
     error history along with its row.
@@ -639,12 +680,15 @@ def discard(ids: Sequence[int], using: str | None = None) -> int:
             st = statements(cursor.db, "job")
             with db.write_transaction(cursor.db.alias):
                 cursor.execute(st.discardable + in_list(chunk) + db.for_update(cursor.db), chunk)
-                doomed = [row[0] for row in cursor.fetchall()]
+                rows = cursor.fetchall()
+                doomed = [row[0] for row in rows]
                 if not doomed:
                     return 0
                 cursor.execute(st.delete_errors + in_list(doomed), doomed)
                 cursor.execute(st.discard + in_list(doomed), doomed)
-                return cursor.rowcount
+                count = cursor.rowcount
+                follow_ups(cursor, [(job_id, queue, then) for job_id, status, queue, then in rows if status == Job.READY])
+                return count
 
         deleted += db.run(work, using)
     return deleted

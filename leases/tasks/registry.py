@@ -150,6 +150,25 @@ def get(name: str) -> Handler:
     return found
 
 
+def find(name: str) -> Handler | None:
+    """The handler registered as `name`, or None."""
+    discover()
+    return _HANDLERS.get(name)
+
+
+_RUNNERS: dict[str, Callable[[Any], Any]] = {}
+
+
+def add_runner(backend: str, factory: Callable[[Any], Any]) -> None:
+    """Run jobs whose `backend` is `backend` with `factory(claimed job)`: an object with
+    `run(job)`, `delay(attempt)` and `timeout`, as a Handler has (an app's ready())."""
+    _RUNNERS[backend] = factory
+
+
+def runner(backend: str) -> Callable[[Any], Any] | None:
+    return _RUNNERS.get(backend)
+
+
 def registered() -> dict[str, Handler]:
     discover()
     return dict(_HANDLERS)

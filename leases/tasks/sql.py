@@ -13,13 +13,13 @@ from leases.sql import register
 JOB = {
     # One row per job, completed with "row" or "row_at" per job and then "insert_tail".
     "insert": (
-        "INSERT INTO {j} (queue, name, backend, payload, dedupe_key, pending_key, priority,"
+        "INSERT INTO {j} (queue, name, backend, on_finish, payload, dedupe_key, pending_key, priority,"
         " max_attempts, run_at, status, attempt, claims, pushes, worker, enqueued_at) VALUES "
     ),
-    # A new job: params queue, name, backend, payload, key, key, priority, max_attempts,
-    # then the delay ("row") or an absolute run time ("row_at").
-    "row": "(%s, %s, %s, %s, %s, %s, %s, %s, {later}, 0, 0, 0, 1, '', {now})",
-    "row_at": "(%s, %s, %s, %s, %s, %s, %s, %s, %s, 0, 0, 0, 1, '', {now})",
+    # A new job: params queue, name, backend, on_finish, payload, key, key, priority,
+    # max_attempts, then the delay ("row") or an absolute run time ("row_at").
+    "row": "(%s, %s, %s, %s, %s, %s, %s, %s, %s, {later}, 0, 0, 0, 1, '', {now})",
+    "row_at": "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, 0, 0, 0, 1, '', {now})",
     # A waiting job with the same key takes the new run time and priority (the latest
     # push says what is wanted now), keeps its name and payload, and counts the push.
     "insert_tail": " {upsert[pending_key]} run_at = {new[run_at]}, priority = {new[priority]}, pushes = pushes + 1",
@@ -37,7 +37,7 @@ JOB = {
     # The claim, per queue: an index range scan of ready rows in claim order.
     "pick": (
         "SELECT id, priority, run_at, queue, name, backend, payload, attempt, max_attempts, dedupe_key,"
-        " claims FROM {j} WHERE status = 0 AND queue = %s AND run_at <= {now}"
+        " claims, on_finish FROM {j} WHERE status = 0 AND queue = %s AND run_at <= {now}"
         " ORDER BY priority DESC, run_at, id LIMIT %s{skip_locked}"
     ),
     # params: worker, ttl, then ids
@@ -50,7 +50,7 @@ JOB = {
     # prefix. params: worker
     "mine": (
         "SELECT id, priority, run_at, queue, name, backend, payload, attempt, max_attempts, dedupe_key,"
-        " claims FROM {j} WHERE status = 1 AND worker = %s"
+        " claims, on_finish FROM {j} WHERE status = 1 AND worker = %s"
     ),
     # Without SKIP LOCKED a racing claim may have won some rows. params: worker, then ids
     "taken": "SELECT id FROM {j} WHERE status = 1 AND worker = %s AND id IN (",
@@ -103,7 +103,8 @@ JOB = {
     "adopt": "UPDATE {j} SET worker = %s WHERE status = 1 AND worker = %s",
     # Running attempts whose lease lapsed (their worker stopped heartbeating).
     "lapsed": (
-        "SELECT id, claims, attempt, worker FROM {j} WHERE status = 1 AND expires_at <= {now}"
+        "SELECT id, claims, attempt, worker, max_attempts, queue, on_finish FROM {j}"
+        " WHERE status = 1 AND expires_at <= {now}"
         " ORDER BY id LIMIT %s{skip_locked}"
     ),
     # Back to ready when attempts remain, else dead. params: id, claims
@@ -126,7 +127,9 @@ JOB = {
     "expired": "SELECT id FROM {j} WHERE finished_at < %s ORDER BY finished_at LIMIT %s",
     "delete_errors": "DELETE FROM {e} WHERE job_id IN (",
     "delete": "DELETE FROM {j} WHERE finished_at IS NOT NULL AND id IN (",
-    # Operator actions. params: ids
+    # Operator actions. params: ids. Waiting jobs to cancel, locked first so their
+    # on_finish jobs are queued for exactly the rows cancelled.
+    "cancellable": "SELECT id, queue, on_finish FROM {j} WHERE status = 0 AND id IN (",
     "cancel": (
         "UPDATE {j} SET status = 5, pending_key = NULL, finished_at = {now}"
         " WHERE status = 0 AND id IN ("
@@ -138,7 +141,7 @@ JOB = {
         " THEN max_attempts ELSE attempt + 1 END, finished_at = NULL, worker = '', result = NULL,"
         " bounced_at = NULL WHERE status IN (3, 4, 5) AND id IN ("
     ),
-    "discardable": "SELECT id FROM {j} WHERE status <> 1 AND id IN (",
+    "discardable": "SELECT id, status, queue, on_finish FROM {j} WHERE status <> 1 AND id IN (",
     "discard": "DELETE FROM {j} WHERE status <> 1 AND id IN (",
     # A queue's settings. params: name
     "queue": "SELECT paused, max_length, when_full, full_timeout FROM {q} WHERE name = %s",

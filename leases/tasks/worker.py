@@ -104,6 +104,8 @@ class ClaimedJob:
     #: The job's claim count at this claim: every outcome is written only if it still is.
     claims: int = 0
     worker: str = ""
+    #: Handler of the job to queue when this one ends for good (Job.on_finish).
+    on_finish: str = ""
     #: What runs it (`handler_for`), found when it was claimed.
     handler: Any = None
     #: Set by the main thread when the attempt timed out: its outcome is already written.
@@ -134,8 +136,12 @@ class Outcome:
 
 
 def handler_for(job: ClaimedJob) -> Any:
-    """The object that runs `job`: a registered handler, or a Django Tasks task."""
+    """The object that runs `job`: a registered handler, an app's runner for its backend
+    (pipelines), or a Django Tasks task."""
     if job.backend:
+        factory = registry.runner(job.backend)
+        if factory is not None:
+            return factory(job)
         from .backend import task_handler
 
         return task_handler(job)
@@ -529,6 +535,7 @@ class Worker:
             id=row[0], priority=row[1], queue=row[3], name=row[4], backend=row[5],
             payload=json.loads(row[6]) if isinstance(row[6], (str, bytes)) else row[6],
             attempt=row[7] + step, max_attempts=row[8], key=row[9], claims=row[10] + step, worker=worker,
+            on_finish=row[11],
         )
 
     # -- outcomes -----------------------------------------------------------------------
@@ -622,9 +629,12 @@ class Worker:
     def finish(self, outcomes: list[Outcome]) -> None:
         """Write outcomes in one transaction; each only if its claim is still running."""
         wins: dict[str, list[Outcome]] = {}
+        followed = []  # succeeded jobs with an on_finish: written one by one, to know which ended
         losses = []
         for outcome in outcomes:
-            if outcome.ok:
+            if outcome.ok and outcome.job.on_finish:
+                followed.append(outcome)
+            elif outcome.ok:
                 wins.setdefault(outcome.result, []).append(outcome)
             else:
                 losses.append(outcome)
@@ -635,12 +645,18 @@ class Worker:
             st = statements(cursor.db, "job")
             seconds = db.dialect(cursor.db).seconds
             written.clear()
+            ended: list[tuple[int, str, str]] = []
             with db.write_transaction(self.using):
                 for result, group in wins.items():
                     params: list = [result]
                     for outcome in group:
                         params += [outcome.job.id, outcome.job.claims]
                     cursor.execute(st.succeed + _pairs(len(group)), params)
+                for outcome in followed:
+                    job = outcome.job
+                    cursor.execute(st.succeed + _pairs(1), (outcome.result, job.id, job.claims))
+                    if cursor.rowcount == 1:
+                        ended.append((job.id, job.queue, job.on_finish))
                 for outcome in losses:
                     job = outcome.job
                     fence = (job.id, job.claims)
@@ -659,8 +675,11 @@ class Worker:
                         written[job.id] = "dead" if outcome.retryable else "failed"
                     if cursor.rowcount == 1:  # a fenced-out attempt records nothing
                         cursor.execute(st.error, (job.id, job.attempt, *outcome.error, self.name))
+                        if written[job.id] != "retry":
+                            ended.append((job.id, job.queue, job.on_finish))
                     else:
                         written[job.id] = ""
+                jobqueue.follow_ups(cursor, ended)
 
         db.run(work, self.using)
         self._report(outcomes, written)
@@ -765,7 +784,7 @@ class Worker:
                 cursor.execute(st.lapsed, (RECOVER_BATCH,))
                 lapsed = cursor.fetchall()
                 recovered = 0
-                for job_id, claims, attempt, worker in lapsed:
+                for job_id, claims, attempt, worker, max_attempts, queue, on_finish in lapsed:
                     if worker == name and job_id in ours:
                         continue
                     cursor.execute(st.recover, (job_id, claims))
@@ -773,6 +792,8 @@ class Worker:
                         recovered += 1
                         message = f"worker {worker} stopped heartbeating; recovered by {name}"
                         cursor.execute(st.error, (job_id, attempt, *describe(WorkerLost(message))[:2], "", worker))
+                        if attempt >= max_attempts:  # dead: it ended for good
+                            jobqueue.follow_ups(cursor, [(job_id, queue, on_finish)])
                 cursor.execute(statements(cursor.db, "worker").forget, (db.dialect(cursor.db).seconds(-FORGET_AFTER),))
             return recovered, len(lapsed) == RECOVER_BATCH and recovered > 0
 

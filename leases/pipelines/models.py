@@ -1,0 +1,141 @@
+"""State of pipeline runs: one row per run, per stage of a run, per task of a stage.
+
+Behaviour lives in `leases.pipelines.engine`. Every change to a run's state happens in
+one transaction that first locks the run's row, and every change that ends something
+is a conditional UPDATE whose row count says who did it, so two workers finishing the
+last two tasks of a stage at the same instant advance the run once.
+"""
+from __future__ import annotations
+
+from django.db import models
+
+NAME_LENGTH = 100
+KEY_LENGTH = 255
+TASK_LENGTH = 200
+
+
+class Run(models.Model):
+    """One run of a pipeline, with the snapshot of the definition it was started with.
+
+    `live_key` is a hash of (pipeline, key) while the run is live (running or paused)
+    and NULL after: its unique index makes "one live run per key" structural. A run
+    started without a key gets a random one, so a start whose reply was lost finds its
+    own run again instead of starting a second.
+    """
+
+    RUNNING, PAUSED, SUCCEEDED, FAILED, CANCELLED = "running", "paused", "succeeded", "failed", "cancelled"
+    STATUSES = [(s, s) for s in (RUNNING, PAUSED, SUCCEEDED, FAILED, CANCELLED)]
+    LIVE = (RUNNING, PAUSED)
+
+    pipeline = models.CharField(max_length=NAME_LENGTH)
+    key = models.CharField(max_length=KEY_LENGTH, blank=True, default="")
+    live_key = models.CharField(max_length=64, null=True, blank=True, unique=True)
+    status = models.CharField(max_length=10, choices=STATUSES, default=RUNNING)
+    definition = models.JSONField(help_text="The pipeline as it was when the run started.")
+    context = models.JSONField(default=dict, blank=True)
+    error = models.TextField(blank=True, default="")
+    tasks_total = models.PositiveIntegerField(default=0, help_text="Tasks made so far (a for_each adds its items).")
+    tasks_done = models.PositiveIntegerField(default=0)
+    queued_at = models.DateTimeField()
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["status", "pipeline"], name="leases_pipe_run_status"),
+            models.Index(fields=["pipeline", "key"], name="leases_pipe_run_key"),
+        ]
+        verbose_name = "pipeline run"
+
+    def __str__(self) -> str:
+        return f"{self.pipeline} #{self.pk}" + (f" ({self.key})" if self.key else "")
+
+    def cancel(self) -> bool:
+        """Stop the run: nothing new starts, waiting tasks are cancelled."""
+        from .engine import cancel
+
+        return cancel(self)
+
+    def pause(self) -> bool:
+        """Start nothing new until resume(); running tasks finish."""
+        from .engine import pause
+
+        return pause(self)
+
+    def resume(self) -> bool:
+        from .engine import resume
+
+        return resume(self)
+
+    def restart(self, stage: str) -> None:
+        """Run a failed or cancelled stage again, then everything that depends on it."""
+        from .engine import restart
+
+        restart(self, stage)
+
+
+class StageRun(models.Model):
+    """A stage of a run. `pending` counts its tasks not finished yet: the join."""
+
+    WAITING, RUNNING, SUCCEEDED, FAILED, CANCELLED = "waiting", "running", "succeeded", "failed", "cancelled"
+    STATUSES = [(s, s) for s in (WAITING, RUNNING, SUCCEEDED, FAILED, CANCELLED)]
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="stages")
+    name = models.CharField(max_length=NAME_LENGTH)
+    position = models.PositiveIntegerField(help_text="Place in the definition.")
+    status = models.CharField(max_length=10, choices=STATUSES, default=WAITING)
+    total = models.PositiveIntegerField(default=0)
+    pending = models.PositiveIntegerField(default=0)
+    failed_tasks = models.PositiveIntegerField(default=0)
+    restarts = models.PositiveIntegerField(default=0)
+    error = models.TextField(blank=True, default="")
+    queued_at = models.DateTimeField(null=True, blank=True, help_text="When its tasks were made.")
+    started_at = models.DateTimeField(null=True, blank=True, help_text="When its first task started.")
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["run", "position"]
+        constraints = [models.UniqueConstraint(fields=["run", "name"], name="leases_pipe_stage_name")]
+        verbose_name = "stage"
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class TaskRun(models.Model):
+    """One task of a stage (one per item in a for_each stage) and the job that runs it.
+
+    While its job waits or runs the task is "queued"; the job's own row says which.
+    """
+
+    WAITING, QUEUED, SUCCEEDED, FAILED, CANCELLED, SKIPPED = (
+        "waiting", "queued", "succeeded", "failed", "cancelled", "skipped",
+    )
+    STATUSES = [(s, s) for s in (WAITING, QUEUED, SUCCEEDED, FAILED, CANCELLED, SKIPPED)]
+    FINISHED = (SUCCEEDED, FAILED, CANCELLED, SKIPPED)
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="tasks")
+    stage = models.ForeignKey(StageRun, on_delete=models.CASCADE, related_name="tasks")
+    task = models.CharField(max_length=TASK_LENGTH, help_text="Handler name.")
+    position = models.PositiveIntegerField(help_text="Order in the stage: item, then task.")
+    item_index = models.PositiveIntegerField(null=True, blank=True)
+    item = models.JSONField(null=True, blank=True)
+    status = models.CharField(max_length=10, choices=STATUSES, default=WAITING)
+    job_id = models.BigIntegerField(null=True, blank=True, unique=True, help_text="The job running it.")
+    attempts = models.PositiveIntegerField(default=0)
+    result = models.JSONField(null=True, blank=True)
+    error = models.TextField(blank=True, default="")
+    queued_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["stage", "position"]
+        indexes = [
+            # The next waiting task of a stage, and how many of it are queued.
+            models.Index(fields=["stage", "status", "position"], name="leases_pipe_task_next"),
+        ]
+        verbose_name = "task"
+
+    def __str__(self) -> str:
+        return f"{self.task}" + (f"[{self.item_index}]" if self.item_index is not None else "")
