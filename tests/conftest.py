@@ -10,6 +10,7 @@ import multiprocessing
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -112,3 +113,61 @@ def alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+#: Modules every test worker imports for their handlers (and pipelines).
+IMPORTS = ("--import", "tests.jobs", "--import", "tests.jobs_proc", "--import", "tests.pipes")
+
+
+class Workers:
+    """Starts `leases_worker` subprocesses on the test database; kills the leftovers."""
+
+    def __init__(self, manage: list[str], env: dict, tmp_path) -> None:
+        self.manage, self.env, self.tmp = manage, env, tmp_path
+        self.started: list[subprocess.Popen] = []
+
+    def start(self, *args: str, **env: str) -> subprocess.Popen:
+        argv = [*self.manage, "leases_worker", *IMPORTS, *args]
+        # A file, not a pipe: a worker that logs much must never block on a full pipe.
+        err = open(self.tmp / f"worker-{len(self.started)}.err", "w+")
+        proc = subprocess.Popen(argv, env={**self.env, **env}, stdout=subprocess.DEVNULL, stderr=err)
+        proc.err = err
+        self.started.append(proc)
+        return proc
+
+    @staticmethod
+    def stderr(proc: subprocess.Popen) -> str:
+        proc.err.seek(0)
+        return proc.err.read()
+
+    def wait(self, proc: subprocess.Popen, timeout: float = 60) -> int:
+        try:
+            return proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"worker {proc.pid} still running after {timeout}s:\n{self.stderr(proc)}")
+
+    def cleanup(self) -> None:
+        for proc in self.started:
+            if proc.poll() is None:
+                proc.kill()  # also ends a SIGSTOPped one
+                proc.wait(10)
+            proc.err.close()
+
+
+@pytest.fixture
+def workers(manage, child_env, tmp_path):
+    procs = Workers(manage, child_env, tmp_path)
+    yield procs
+    procs.cleanup()
+
+
+def wait_for(predicate, timeout: float = 30, what: str = "condition"):
+    """Poll until `predicate()` is truthy; fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.05)

@@ -23,65 +23,12 @@ from leases.tasks import push, push_many
 from leases.tasks import queue as jobqueue
 from leases.tasks.models import Job, JobError, Queue
 from leases.tasks.models import Worker as WorkerRow
+from tests.conftest import wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.usefixtures("fresh_queue_settings")]
 
 READY, RUNNING, SUCCEEDED, FAILED, DEAD, CANCELLED = range(6)
 LOST = "leases.exceptions.WorkerLost"
-
-
-class Workers:
-    """Starts `leases_worker` subprocesses on the test database; kills the leftovers."""
-
-    def __init__(self, manage: list[str], env: dict, tmp_path) -> None:
-        self.manage, self.env, self.tmp = manage, env, tmp_path
-        self.started: list[subprocess.Popen] = []
-
-    def start(self, *args: str, **env: str) -> subprocess.Popen:
-        argv = [*self.manage, "leases_worker", "--import", "tests.jobs", "--import", "tests.jobs_proc", *args]
-        # A file, not a pipe: a worker that logs much must never block on a full pipe.
-        err = open(self.tmp / f"worker-{len(self.started)}.err", "w+")
-        proc = subprocess.Popen(argv, env={**self.env, **env}, stdout=subprocess.DEVNULL, stderr=err)
-        proc.err = err
-        self.started.append(proc)
-        return proc
-
-    @staticmethod
-    def stderr(proc: subprocess.Popen) -> str:
-        proc.err.seek(0)
-        return proc.err.read()
-
-    def wait(self, proc: subprocess.Popen, timeout: float = 60) -> int:
-        try:
-            return proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            pytest.fail(f"worker {proc.pid} still running after {timeout}s:\n{self.stderr(proc)}")
-
-    def cleanup(self) -> None:
-        for proc in self.started:
-            if proc.poll() is None:
-                proc.kill()  # also ends a SIGSTOPped one
-                proc.wait(10)
-            proc.err.close()
-
-
-@pytest.fixture
-def workers(manage, child_env, tmp_path):
-    procs = Workers(manage, child_env, tmp_path)
-    yield procs
-    procs.cleanup()
-
-
-def wait_for(predicate, timeout: float = 30, what: str = "condition"):
-    """Poll until `predicate()` is truthy; fail after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.05)
 
 
 def of(proc: subprocess.Popen):

@@ -166,7 +166,7 @@ def _start_stage(run: Run, stage: StageRun, spec: Stage, now: datetime, using: s
     """Make the stage's tasks (one per item for a for_each) and queue the first of them."""
     items: list | None = None
     if spec.for_each is not None:
-        value = _result(run.pk, spec.for_each, using)
+        value = _result(run, spec.for_each, using)
         if not isinstance(value, list):
             stage.status = StageRun.RUNNING
             StageRun.objects.using(using).filter(pk=stage.pk).update(status=StageRun.RUNNING, queued_at=now)
@@ -497,8 +497,8 @@ class Results(Mapping):
     """The results of the tasks a stage depends on, read from the database on first use
     (a for_each stage's task: the list of its results in item order)."""
 
-    def __init__(self, run_id: int, tasks: list[str], using: str) -> None:
-        self._run, self._tasks, self._using = run_id, tasks, using
+    def __init__(self, run: Run, tasks: list[str], using: str) -> None:
+        self._run, self._tasks, self._using = run, tasks, using
         self._loaded: dict[str, Any] = {}
 
     def __getitem__(self, task: str) -> Any:
@@ -518,15 +518,16 @@ class Results(Mapping):
         return f"Results({self._tasks})"
 
 
-def _result(run_id: int, task: str, using: str) -> Any:
-    """A task's result: one value, or a list in item order for a for_each stage's task."""
-    rows = list(
-        TaskRun.objects.using(using).filter(run_id=run_id, task=task).order_by("position")
-        .values_list("item_index", "status", "result")
-    )
-    if rows and rows[0][0] is not None:
-        return [result if status == TaskRun.SUCCEEDED else None for _, status, result in rows]
-    return rows[0][2] if rows and rows[0][1] == TaskRun.SUCCEEDED else None
+def _result(run: Run, task: str, using: str) -> Any:
+    """A task's result: one value, or for a for_each stage's task a list in item order
+    (None for an item that did not succeed)."""
+    specs, _ = _definition(run)
+    many = any(spec.for_each is not None and task in spec.tasks for spec in specs.values())
+    rows = TaskRun.objects.using(using).filter(run=run, task=task).order_by("position").values_list("status", "result")
+    if many:
+        return [result if status == TaskRun.SUCCEEDED else None for status, result in rows]
+    found = rows.first()
+    return found[1] if found and found[0] == TaskRun.SUCCEEDED else None
 
 
 def task_payload(stored: dict[str, Any], using: str | None = None) -> dict[str, Any]:
@@ -544,7 +545,7 @@ def task_payload(stored: dict[str, Any], using: str | None = None) -> dict[str, 
         raise Fail(f"pipeline run #{run.pk} has {run.status}")
     specs, requires = _definition(run)
     names = [t for name in specs if name in upstream(stored["stage"], requires) for t in specs[name].tasks]
-    payload = {"context": run.context, "results": Results(run.pk, names, using), "run": run.pk, "stage": stored["stage"]}
+    payload = {"context": run.context, "results": Results(run, names, using), "run": run.pk, "stage": stored["stage"]}
     if specs[stored["stage"]].for_each is not None:
         payload["item"] = task.item
     return payload

@@ -94,7 +94,7 @@ class StageRun(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
-        ordering = ["run", "position"]
+        ordering = ["run_id", "position"]
         constraints = [models.UniqueConstraint(fields=["run", "name"], name="leases_pipe_stage_name")]
         verbose_name = "stage"
 
@@ -130,7 +130,7 @@ class TaskRun(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
-        ordering = ["stage", "position"]
+        ordering = ["stage_id", "position"]
         indexes = [
             # The next waiting task of a stage, and how many of it are queued.
             models.Index(fields=["stage", "status", "position"], name="leases_pipe_task_next"),
