@@ -287,6 +287,15 @@ def test_restart_of_a_cancelled_run():
     assert run.status == Run.SUCCEEDED and run.tasks_done == 15
 
 
+def test_restart_of_a_running_stage_is_refused_and_changes_nothing():
+    run = pipes.three.start()
+    before = list(TaskRun.objects.filter(run=run).values_list("pk", "status", "job_id"))
+    with pytest.raises(ValueError, match="stage 'a' of run #\\d+ is running: only a failed or cancelled"):
+        run.restart("a")
+    assert list(TaskRun.objects.filter(run=run).values_list("pk", "status", "job_id")) == before
+    assert StageRun.objects.get(run=run, name="a").restarts == 0
+
+
 def test_pause_or_resume_of_an_ended_run_is_refused():
     run = pipes.three.start()
     run.cancel()
@@ -334,6 +343,20 @@ def test_an_event_delivered_twice_moves_the_run_once():
     rows = stages(run)
     assert (rows["a"].status, rows["a"].pending) == (StageRun.SUCCEEDED, 0)
     assert TaskRun.objects.filter(stage=rows["b"]).count() == 5  # started once
+    drain()
+    run.refresh_from_db()
+    assert run.status == Run.SUCCEEDED and run.tasks_done == 15
+
+
+def test_resume_records_a_task_whose_event_an_operator_cancelled():
+    run = pipes.three.start()
+    Worker(queues=["default"], concurrency=5, burst=True, max_jobs=5, poll=0.01).run()  # stage a's tasks
+    events = list(Job.objects.filter(name=EVENT, status=Job.READY).values_list("pk", flat=True))
+    assert jobqueue.cancel(events[:2]) == 2
+    drain()
+    run.refresh_from_db()
+    assert run.status == Run.RUNNING and TaskRun.objects.filter(run=run, status=TaskRun.QUEUED).count() == 2
+    assert run.resume() is False  # it was running: nothing to resume, but the two are recorded
     drain()
     run.refresh_from_db()
     assert run.status == Run.SUCCEEDED and run.tasks_done == 15

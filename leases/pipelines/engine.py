@@ -235,6 +235,7 @@ def _finish_stage(run: Run, stage: StageRun, spec: Stage, now: datetime, using: 
         status=status, finished_at=now, started_at=started,
     ) == 1:
         stage.status, stage.finished_at, stage.started_at = status, now, started
+        log.info("pipeline %s run #%d: stage %s %s (%d task(s))", run.pipeline, run.pk, stage.name, status, stage.total)
         _after_commit(using, signals.stage_finished, run=run, stage=stage)
 
 
@@ -327,36 +328,41 @@ def task_finished(job_id: int, using: str | None = None) -> None:
             task = TaskRun.objects.using(using).filter(job_id=job_id, status=TaskRun.QUEUED).first()
             if run is None or task is None:
                 return
-            outcome = _outcome(job_id, using)
-            if outcome is None:
-                return
-            status, result, error, attempts, started, finished = outcome
-            now = _now(cursor)
-            if TaskRun.objects.using(using).filter(pk=task.pk, status=TaskRun.QUEUED).update(
-                status=status, result=result, error=error, attempts=attempts, started_at=started,
-                finished_at=finished or now,
-            ) != 1:
-                return
-            task.status, task.result, task.error = status, result, error
-            task.attempts, task.started_at, task.finished_at = attempts, started, finished or now
-            Run.objects.using(using).filter(pk=run.pk).update(tasks_done=F("tasks_done") + 1)
-            stage = StageRun.objects.using(using).get(pk=task.stage_id)
-            _after_commit(using, signals.task_finished, run=run, stage=stage, task=task)
-            if stage.status != StageRun.RUNNING or run.status not in Run.LIVE:
-                return  # a late outcome of a stopped stage or run: recorded, moves nothing
-            ok = status == TaskRun.SUCCEEDED
-            StageRun.objects.using(using).filter(pk=stage.pk).update(
-                pending=F("pending") - 1, failed_tasks=F("failed_tasks") + (0 if ok else 1),
-            )
-            stage.pending -= 1
-            stage.failed_tasks += 0 if ok else 1
-            if not ok:
-                specs, _ = _definition(run)
-                label = str(task) if task.item_index is None else f"{task.task} (item {task.item_index})"
-                _stage_failed(run, stage, specs[stage.name], f"task {label} {status}: {error}", now, using)
-            _advance(run, now, using)
+            if _record(run, task, _now(cursor), using):
+                _advance(run, _now(cursor), using)
 
     db.run(work, using)
+
+
+def _record(run: Run, task: TaskRun, now: datetime, using: str) -> bool:
+    """Record the outcome of a queued task whose job has ended, under the run's lock;
+    True when it was recorded (False: its job still waits or runs)."""
+    outcome = _outcome(task.job_id, using)
+    if outcome is None:
+        return False
+    status, result, error, attempts, started, finished = outcome
+    if TaskRun.objects.using(using).filter(pk=task.pk, status=TaskRun.QUEUED).update(
+        status=status, result=result, error=error, attempts=attempts, started_at=started, finished_at=finished or now,
+    ) != 1:
+        return False
+    task.status, task.result, task.error = status, result, error
+    task.attempts, task.started_at, task.finished_at = attempts, started, finished or now
+    Run.objects.using(using).filter(pk=run.pk).update(tasks_done=F("tasks_done") + 1)
+    stage = StageRun.objects.using(using).get(pk=task.stage_id)
+    _after_commit(using, signals.task_finished, run=run, stage=stage, task=task)
+    if stage.status != StageRun.RUNNING or run.status not in Run.LIVE:
+        return True  # a late outcome of a stopped stage or run: recorded, moves nothing
+    ok = status == TaskRun.SUCCEEDED
+    StageRun.objects.using(using).filter(pk=stage.pk).update(
+        pending=F("pending") - 1, failed_tasks=F("failed_tasks") + (0 if ok else 1),
+    )
+    stage.pending -= 1
+    stage.failed_tasks += 0 if ok else 1
+    if not ok:
+        specs, _ = _definition(run)
+        label = str(task) if task.item_index is None else f"{task.task} (item {task.item_index})"
+        _stage_failed(run, stage, specs[stage.name], f"task {label} {status}: {error}", now, using)
+    return True
 
 
 def _outcome(job_id: int, using: str) -> tuple | None:
@@ -417,15 +423,22 @@ def pause(run: Run, using: str | None = None) -> bool:
 
 def resume(run: Run, using: str | None = None) -> bool:
     """Let a paused run go on, starting what became due meanwhile. False if it was
-    running already; ValueError for a run that has ended."""
+    running already; ValueError for a run that has ended.
+
+    It also repairs: a queued task whose job ended without its event being handled (an
+    operator cancelled or deleted the event job) is recorded now, so `resume` on a run
+    that looks stuck moves it on."""
 
     def step(locked: Run, now: datetime, alias: str) -> bool:
         _require_live(locked, "resume")
-        if Run.objects.using(alias).filter(pk=locked.pk, status=Run.PAUSED).update(status=Run.RUNNING) != 1:
-            return False
+        resumed = Run.objects.using(alias).filter(pk=locked.pk, status=Run.PAUSED).update(status=Run.RUNNING) == 1
         locked.status = Run.RUNNING
+        for task in TaskRun.objects.using(alias).filter(run=locked, status=TaskRun.QUEUED):
+            if _record(locked, task, now, alias):
+                log.warning("pipeline %s run #%d: recorded %s, whose job had ended unheeded",
+                            locked.pipeline, locked.pk, task)
         _advance(locked, now, alias)
-        return True
+        return resumed
 
     return _step(run, using, step)
 
