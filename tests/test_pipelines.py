@@ -10,13 +10,14 @@ import time
 
 import pytest
 from django.db import connection
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import tests.pipes as pipes
 from leases import db
 from leases.exceptions import UnknownHandler
-from leases.pipelines import Pipeline, Stage, signals
-from leases.pipelines import engine
-from leases.pipelines.definition import get
+from leases.pipelines import Pipeline, Stage, engine, signals
+from leases.pipelines.definition import from_snapshot, get, upstream
 from leases.pipelines.models import Run, StageRun, TaskRun
 from leases.tasks import queue as jobqueue
 from leases.tasks.models import Job
@@ -519,3 +520,54 @@ def test_pipeline_task_jobs_carry_their_event():
     assert (job.backend, job.on_finish, job.queue) == (engine.BACKEND, EVENT, "default")
     assert json.loads(json.dumps(job.payload))["run"] == run.pk
     assert db.alias() == "default"
+
+
+# -- bad definitions, as a property ---------------------------------------------------------
+
+NAMES = ["a", "b", "c", "d", " e", "f\x00", ""]
+TASKS = ["p.a1", "p.a2", "p.b1", "p.b2", "p.c1", "", "p.c2 "]
+stage_specs = st.fixed_dictionaries({
+    "name": st.sampled_from(NAMES),
+    "tasks": st.one_of(st.lists(st.sampled_from(TASKS), max_size=3), st.sampled_from(["p.a1", None, 3])),
+    "requires": st.one_of(st.none(), st.lists(st.sampled_from([*NAMES, "zz"]), max_size=3), st.just("a")),
+    "for_each": st.one_of(st.none(), st.sampled_from(TASKS)),
+    "parallel": st.sampled_from([False, True, 1]),
+    "max_parallel": st.sampled_from([None, 1, 5, 0, -1, True, 2.5]),
+    "on_failure": st.sampled_from(["fail", "continue", "skip"]),
+})
+
+
+@st.composite
+def plausible(draw) -> list[dict]:
+    """Definitions a user might write: sound names and tasks, with requires and for_each
+    that may still form a cycle or point outside the stages a stage depends on."""
+    names = ["a", "b", "c", "d", "e"][: draw(st.integers(1, 5))]
+    tasks = draw(st.permutations(["p.a1", "p.a2", "p.b1", "p.b2", "p.c1"]))
+    return [
+        {
+            "name": name,
+            "tasks": [tasks[index]],
+            "requires": draw(st.one_of(st.none(), st.lists(st.sampled_from(names), max_size=2, unique=True))),
+            "for_each": draw(st.one_of(st.none(), st.sampled_from(tasks[: len(names)]))),
+            "parallel": draw(st.booleans()),
+        }
+        for index, name in enumerate(names)
+    ]
+
+
+@settings(max_examples=300, derandomize=True, deadline=None)
+@given(st.one_of(plausible(), st.lists(stage_specs, max_size=5)))
+def test_any_definition_is_either_sound_or_refused_with_one_line(specs):
+    try:
+        pipeline = Pipeline("t-property", [Stage(**spec) for spec in specs])
+    except ValueError as exc:
+        assert str(exc) and "\n" not in str(exc)
+        return
+    snapshot = pipeline.snapshot()
+    assert from_snapshot(snapshot).snapshot() == snapshot
+    requires = pipeline.requires()
+    owner = {task: stage.name for stage in pipeline.stages for task in stage.tasks}
+    for stage in pipeline.stages:
+        assert stage.name not in upstream(stage.name, requires)  # no cycle
+        if stage.for_each is not None:
+            assert owner[stage.for_each] in upstream(stage.name, requires)
