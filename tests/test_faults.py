@@ -25,8 +25,8 @@ from leases.sql import statements
 from leases.tasks import Dispatcher, push, push_many
 from leases.tasks.models import Job, PoolTask
 from leases.tasks.worker import Worker
-from tests.conftest import database_url
-from tests.test_worker_processes import Workers, log_lines, wait_for
+from tests.conftest import Workers, database_url, wait_for
+from tests.test_worker_processes import log_lines
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
