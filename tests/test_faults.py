@@ -224,7 +224,7 @@ def test_workers_survive_lost_commit_replies_and_every_job_runs(workers, proxy, 
     total = 600
     push_many([("noop", {"n": n, "log": str(log)}) for n in range(total)])
     commits = proxy.drop_reply(COMMIT, probability=0.03, seed=11)
-    beats = proxy.drop_reply(r"^UPDATE \S+ SET expires_at", probability=0.1, seed=12)
+    beats = proxy.drop_reply(r"^UPDATE \S+ SET expires_at", probability=0.5, count=4, seed=12)  # a drain lasts few beats
     procs = [workers.start("--queue", "default", "--concurrency", "4", "--ttl", "2") for _ in range(3)]
     runs = drain_and_check(workers, procs, log, total)
     assert commits.dropped >= 3 and beats.dropped >= 1
