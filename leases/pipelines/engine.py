@@ -22,7 +22,7 @@ import logging
 import uuid
 from collections.abc import Mapping
 from datetime import datetime
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, TypeVar
 
 from django.db import IntegrityError, transaction
 from django.db.models import F
@@ -48,7 +48,7 @@ EVENT = "leases.pipelines.task_finished"
 #: Task jobs pushed per INSERT, and ids per IN list.
 CHUNK = 500
 
-T = Any
+T = TypeVar("T")
 
 
 # -- starting ---------------------------------------------------------------------------
