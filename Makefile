@@ -6,7 +6,7 @@ PYTHON ?= python3
 PY     := $(VENV)/bin/python
 USES_MYSQL := $(findstring mysql,$(firstword $(subst :, ,$(DATABASE_URL))))
 
-.PHONY: venv demo test bench bench-queue soak clean
+.PHONY: venv demo test bench bench-queue bench-pipelines soak clean galera-up galera-down test-galera
 
 $(VENV)/.installed: requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,14 +22,15 @@ $(VENV)/.mysql: $(VENV)/.installed requirements-mysql.txt
 venv: $(VENV)/.installed $(if $(USES_MYSQL),$(VENV)/.mysql)
 
 demo: venv
+	$(PY) -m project.createdb
 	$(PY) manage.py migrate --noinput -v0
 	$(PY) -m project.demo
 
 test: venv
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-bench: venv
-	$(PY) bench/leases.py
+bench: venv $(VENV)/.bench
+	$(PY) bench/leases.py $(BENCH_ARGS)
 
 $(VENV)/.bench: $(VENV)/.installed requirements-bench.txt
 	$(PY) -m pip install -q -r requirements-bench.txt
@@ -39,9 +40,27 @@ $(VENV)/.bench: $(VENV)/.installed requirements-bench.txt
 bench-queue: $(VENV)/.bench $(if $(findstring sqlite,$(BENCH_ARGS)),,$(VENV)/.mysql)
 	$(PY) bench/queue.py $(BENCH_ARGS)
 
+# The pipeline engine's bench, on its own database: MariaDB unless BENCH_ARGS="--database sqlite".
+bench-pipelines: $(VENV)/.bench $(if $(findstring sqlite,$(BENCH_ARGS)),,$(VENV)/.mysql)
+	$(PY) bench/pipelines.py $(BENCH_ARGS)
+
 # Every fault at once for about ten minutes, on its own MariaDB database (see README, Guarantees).
 soak: $(VENV)/.mysql
 	$(PY) bench/soak.py $(SOAK_ARGS)
 
 clean:
 	rm -rf $(VENV) db.sqlite3* test_db.sqlite3*
+
+# A three-node MariaDB Galera cluster behind HAProxy (galera/cluster.sh: nodes at
+# 127.0.0.1:3311-3313, HAProxy at 3310), and the tests that need it (tests/galera, which
+# `make test` skips). The tests' own database lives on node3, which they never kill.
+GALERA_URL ?= mysql://root@127.0.0.1:3313/leases_galera
+
+galera-up:
+	bash galera/cluster.sh up
+
+galera-down:
+	bash galera/cluster.sh down
+
+test-galera: $(VENV)/.mysql galera-up
+	LEASES_GALERA=1 DATABASE_URL=$(GALERA_URL) $(PY) -m pytest tests/galera $(PYTEST_ARGS)

@@ -1,15 +1,23 @@
-"""Acquire+release pairs per second: the public API beside the same protocol in raw SQL.
+"""Acquire+release pairs per second: the public API beside the same protocol in raw SQL,
+and how both scale with the pool's size.
 
-    python bench/leases.py [--seconds 5] [--procs 1,4,8] [--repeat 2] [--json out.json]
+    python bench/leases.py [--seconds 5] [--procs 1,4,8] [--repeat 2] [--sizes 40,10000,1000000]
+                           [--plot bench/leases.png] [--json out.json]
 
 Each configuration forks N processes (each opens its own connection), lets them warm up,
 then runs them together for a fixed time. A pair is one acquisition and its release:
 
 * api: ``Pool(name).acquire(ttl=60)`` then ``lease.release()`` through Django;
-* raw: the protocol's three statements (candidates SELECT, conditional claim UPDATE on
-  the token read, trying the next candidate when it loses, release UPDATE by
-  id/token/holder) on a raw DB-API connection: MySQLdb with FOUND_ROWS and autocommit,
-  or sqlite3 with the project's busy timeout and WAL.
+* raw: the protocol's three statements (candidates SELECT of the few rows free longest,
+  tried in random order; conditional claim UPDATE on the token read, trying the next
+  candidate when it loses; release UPDATE by id/token/holder) on a raw DB-API
+  connection: MySQLdb with FOUND_ROWS and autocommit, or sqlite3 with the project's busy
+  timeout and WAL;
+* old (pool-size axis only): the raw loop with the first design's candidates, every free
+  row sorted by RAND(), beside the others at the sizes where it finishes.
+
+The pool-size axis (`--sizes`) runs api and raw with 1 and 8 processes on pools of each
+size (and old up to OLD_MAX rows), and plots pairs/s against the size (`--plot`).
 
 Raw and api runs alternate in an ABBA order (raw, api, api, raw, ...) so both see the
 same machine state and a drift in the background load favours neither; the table reports
@@ -49,13 +57,19 @@ from django.conf import settings  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 from django.db import connections  # noqa: E402
 
+from bench.benchdb import database_version  # noqa: E402
 from leases import NoResourceAvailable, Pool  # noqa: E402
 from leases.models import EPOCH, Resource  # noqa: E402
 
 TTL = 60
 #: Same values as the engine's leases.pool.CANDIDATES and ROUNDS.
-CANDIDATES = 5
+CANDIDATES = 8
 ROUNDS = 3
+#: The largest pool the old design (every free row sorted by RAND()) is run on: at a
+#: million rows one of its pairs takes seconds.
+OLD_MAX = 10_000
+#: Process counts of the pool-size axis.
+SIZE_PROCS = (1, 8)
 #: Pool size of the main runs: 8 processes rarely pick the same row out of 64.
 BIG_POOL = 64
 #: Contended case: 8 processes on 4 resources, waiting up to WAIT seconds.
@@ -65,6 +79,10 @@ SMALL_POOL, CONTENDED_PROCS, WAIT = 4, 8, 5.0
 RAW_SQL = {
     "mysql": {
         "candidates": (
+            "SELECT id, token, name, data, UTC_TIMESTAMP(6) FROM `leases_resource`"
+            " WHERE pool = %s AND busy_before <= UTC_TIMESTAMP(6) ORDER BY busy_before LIMIT %s"
+        ),
+        "candidates_old": (
             "SELECT id, token, name, data, UTC_TIMESTAMP(6) FROM `leases_resource`"
             " WHERE pool = %s AND busy_before <= UTC_TIMESTAMP(6) ORDER BY RAND() LIMIT %s"
         ),
@@ -82,6 +100,12 @@ RAW_SQL = {
     },
     "sqlite": {
         "candidates": (
+            "SELECT id, token, name, data, strftime('%Y-%m-%d %H:%M:%f000', 'now')"
+            ' FROM "leases_resource"'
+            " WHERE pool = ? AND busy_before <= strftime('%Y-%m-%d %H:%M:%f000', 'now')"
+            " ORDER BY busy_before LIMIT ?"
+        ),
+        "candidates_old": (
             "SELECT id, token, name, data, strftime('%Y-%m-%d %H:%M:%f000', 'now')"
             ' FROM "leases_resource"'
             " WHERE pool = ? AND busy_before <= strftime('%Y-%m-%d %H:%M:%f000', 'now')"
@@ -156,9 +180,10 @@ def raw_connect(vendor_: str):
 class RawLoop:
     """The protocol on a raw connection: candidates, claim (next candidate on a loss), release."""
 
-    def __init__(self, pool: str, wait: float) -> None:
+    def __init__(self, pool: str, wait: float, old: bool = False) -> None:
         self.vendor = vendor()
         self.sql = RAW_SQL[self.vendor]
+        self.candidates = self.sql["candidates_old" if old else "candidates"]
         self.conn = raw_connect(self.vendor)
         self.cursor = self.conn.cursor()
         self.pool = pool
@@ -171,10 +196,11 @@ class RawLoop:
     def _try(self, holder: str):
         cur, sql = self.cursor, self.sql
         for _ in range(ROUNDS):
-            cur.execute(sql["candidates"], (self.pool, CANDIDATES))
-            rows = cur.fetchall()
+            cur.execute(self.candidates, (self.pool, CANDIDATES))
+            rows = list(cur.fetchall())
             if not rows:
                 return None
+            random.shuffle(rows)
             for id_, token, _name, _data, _now in rows:
                 cur.execute(sql["claim"], (self.later, holder, id_, token))
                 if cur.rowcount == 1:
@@ -229,7 +255,7 @@ class ApiLoop:
 
 def child(mode: str, pool: str, wait: float, warmup: float, seconds: float, barrier, queue) -> None:
     try:
-        loop = (RawLoop if mode == "raw" else ApiLoop)(pool, wait)
+        loop = ApiLoop(pool, wait) if mode == "api" else RawLoop(pool, wait, old=mode == "old")
         end = time.monotonic() + warmup
         while time.monotonic() < end:
             loop.pair()
@@ -296,26 +322,15 @@ def run_once(mode: str, pool: str, procs: int, wait: float, warmup: float, secon
 
 
 def reset(pool: str) -> None:
-    """Every resource of the bench pool free again (a run may have been interrupted)."""
-    Resource.objects.filter(pool=pool).update(busy_before=EPOCH, holder="")
+    """Every resource of the bench pool free again (a run may have been interrupted);
+    only the rows ever used are touched, through the (pool, busy_before) index."""
+    Resource.objects.filter(pool=pool, busy_before__gt=EPOCH).update(busy_before=EPOCH, holder="")
 
 
 def still_held(pool: str) -> int:
     from leases.pool import db_now
 
     return Resource.objects.filter(pool=pool, busy_before__gt=db_now()).count()
-
-
-def database_version() -> str:
-    conn = connections["default"]
-    if conn.vendor == "sqlite":
-        import sqlite3
-
-        return f"SQLite {sqlite3.sqlite_version}"
-    with conn.cursor() as cur:
-        cur.execute("SELECT VERSION()")
-        version = cur.fetchone()[0]
-    return f"{'MariaDB' if conn.mysql_is_mariadb else 'MySQL'} {version}"
 
 
 def commit_policy() -> str:
@@ -374,6 +389,9 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=2, help="raw/api runs per configuration (2)")
     parser.add_argument("--no-contended", action="store_true",
                         help=f"skip the contended case ({CONTENDED_PROCS} processes, pool of {SMALL_POOL})")
+    parser.add_argument("--sizes", default="40,10000,1000000",
+                        help="pool sizes of the size axis, '' for none (40,10000,1000000)")
+    parser.add_argument("--plot", default=str(_HERE / "leases.png"), help="the size axis's PNG ('' for none)")
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     args = parser.parse_args()
     procs_list = [int(p) for p in args.procs.split(",") if p.strip()]
@@ -390,7 +408,7 @@ def main() -> None:
     big, small = f"{tag}-{BIG_POOL}", f"{tag}-{SMALL_POOL}"
     Pool(big).add_many((f"r{i:03d}", {"n": i}) for i in range(BIG_POOL))
     Pool(small).add_many((f"r{i:03d}", {"n": i}) for i in range(SMALL_POOL))
-    version = database_version()
+    version = database_version(flush=False)
     policy = commit_policy()
     cores = os.cpu_count()
 
@@ -476,8 +494,14 @@ def main() -> None:
               f"{load_start:.2f} on {cores} cores): compare the spreads, and prefer more --repeat on a "
               "quiet machine")
 
+    sizes = [int(size) for size in args.sizes.split(",") if size.strip()]
+    axis = size_axis(sizes, args) if sizes else []
+    if axis and args.plot:
+        plot(axis, Path(args.plot), f"{version}, {cores} cores, {time.strftime('%Y-%m-%d')}")
+
     if args.json:
         out = {
+            "size_axis": axis,
             "database": version,
             "vendor": vendor_,
             "cores": cores,
@@ -490,6 +514,69 @@ def main() -> None:
             "results": rows,
         }
         Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
+
+
+def size_axis(sizes: list[int], args: argparse.Namespace) -> list[dict]:
+    """Pairs/s of api, raw and (on small pools) old against the pool's size."""
+    rows = []
+    print(f"\npool-size axis: {', '.join(f'{n:,}' for n in sizes)} resources; {', '.join(map(str, SIZE_PROCS))}"
+          f" processes; {args.seconds:g}s per run, median of {args.repeat}", flush=True)
+    for size in sizes:
+        pool = f"bench-size-{os.getpid()}-{size}"
+        began = time.monotonic()
+        Pool(pool).add_many(((f"r{i:07d}", None) for i in range(size)), batch_size=5000)
+        print(f"  {size:,} resources made in {time.monotonic() - began:.1f}s", flush=True)
+        try:
+            for procs in SIZE_PROCS:
+                modes = ["raw", "api"] + (["old"] if size <= OLD_MAX else [])
+                samples: dict[str, list[float]] = {mode: [] for mode in modes}
+                for i in range(args.repeat):
+                    for mode in modes if i % 2 == 0 else modes[::-1]:
+                        run = run_once(mode, pool, procs, 0.0, args.warmup, args.seconds)
+                        samples[mode].append(run["pairs_per_s"])
+                row = {"size": size, "procs": procs, **{mode: median(v) for mode, v in samples.items()}}
+                rows.append(row)
+                print(f"  {size:>9,} resources, {procs} process(es): "
+                      + ", ".join(f"{mode} {row[mode]:,.0f}" for mode in modes) + " pairs/s", flush=True)
+        finally:
+            began = time.monotonic()
+            deleted, _ = Resource.objects.filter(pool=pool).delete()
+            print(f"  {deleted:,} rows deleted in {time.monotonic() - began:.1f}s", flush=True)
+    print(f"\n{'resources':>10} | {'procs':>5} | {'api pairs/s':>11} | {'raw pairs/s':>11} | {'old pairs/s':>11} | "
+          f"api vs smallest")
+    for row in rows:
+        first = next(r for r in rows if r["procs"] == row["procs"])
+        old = f"{row['old']:>11,.0f}" if "old" in row else f"{'-':>11}"
+        print(f"{row['size']:>10,} | {row['procs']:>5} | {row['api']:>11,.0f} | {row['raw']:>11,.0f} | {old} | "
+              f"{first['api'] / row['api']:.2f}x the cost")
+    return rows
+
+
+def plot(rows: list[dict], path: Path, title: str) -> None:
+    """Pairs/s against pool size, log-log, one line per mode and process count."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    styles = {"api": "o-", "raw": "s--", "old": "x:"}
+    for procs, colour in zip(SIZE_PROCS, ("tab:blue", "tab:orange")):
+        for mode, style in styles.items():
+            mine = [r for r in rows if r["procs"] == procs and mode in r]
+            if mine:
+                ax.plot([r["size"] for r in mine], [r[mode] for r in mine], style, color=colour,
+                        label=f"{mode}, {procs} process{'es' * (procs > 1)}")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("resources in the pool")
+    ax.set_ylabel("acquire+release pairs per second")
+    ax.set_title(f"Acquire cost against pool size\n{title}", fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    print(f"plot: {path}")
 
 
 if __name__ == "__main__":

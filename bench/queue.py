@@ -61,51 +61,8 @@ ARGS = parse_args() if __name__ == "__main__" else None
 os.environ["DATABASE_URL"] = DATABASES.get(ARGS.database, ARGS.database) if ARGS else DATABASES["mariadb"]
 
 import django  # noqa: E402
-from django.conf import settings  # noqa: E402
 
-
-def create_database() -> None:
-    """Create the MySQL database (or the SQLite folder) before Django connects to it."""
-    cfg = settings.DATABASES["default"]
-    if cfg["ENGINE"].endswith("sqlite3"):
-        Path(cfg["NAME"]).parent.mkdir(parents=True, exist_ok=True)
-        return
-    conn = raw_connect(with_db=False)
-    try:
-        conn.cursor().execute(f"CREATE DATABASE IF NOT EXISTS `{cfg['NAME']}` CHARACTER SET utf8mb4")
-    finally:
-        conn.close()
-
-
-def raw_connect(with_db: bool = True) -> Any:
-    """A DB-API connection in autocommit, set up like Django's own (isolation, WAL)."""
-    cfg = settings.DATABASES["default"]
-    if cfg["ENGINE"].endswith("sqlite3"):
-        import sqlite3
-
-        options = cfg.get("OPTIONS", {})
-        conn = sqlite3.connect(cfg["NAME"], timeout=options.get("timeout", 30), isolation_level=None)
-        for command in options.get("init_command", "").split(";"):
-            if command.strip():
-                conn.execute(command)
-        return conn
-    import MySQLdb
-    from MySQLdb.constants import CLIENT
-
-    kwargs: dict[str, Any] = {"user": cfg["USER"], "charset": "utf8mb4", "autocommit": True,
-                              "client_flag": CLIENT.FOUND_ROWS}
-    if with_db:
-        kwargs["db"] = cfg["NAME"]
-    if cfg.get("PASSWORD"):
-        kwargs["password"] = cfg["PASSWORD"]
-    host = cfg.get("HOST") or "127.0.0.1"
-    kwargs["unix_socket" if host.startswith("/") else "host"] = host
-    if cfg.get("PORT"):
-        kwargs["port"] = int(cfg["PORT"])
-    conn = MySQLdb.connect(**kwargs)
-    conn.cursor().execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")  # Django's default
-    return conn
-
+from bench.benchdb import create_database, database_version, raw_connect  # noqa: E402
 
 create_database()
 django.setup()
@@ -134,8 +91,8 @@ def noop(payload: Any) -> None:
 
 # -- raw SQL, per vendor --------------------------------------------------------------
 
-COLUMNS = ("queue, name, backend, payload, dedupe_key, pending_key, priority, max_attempts,"
-           " run_at, status, attempt, claims, pushes, worker, enqueued_at")
+COLUMNS = ("queue, name, backend, on_finish, limit_key, rate, payload, dedupe_key, pending_key, priority,"
+           " max_attempts, run_at, status, attempt, claims, pushes, worker, enqueued_at")
 
 
 def raw_sql(vendor: str) -> dict[str, str]:
@@ -151,7 +108,7 @@ def raw_sql(vendor: str) -> dict[str, str]:
     return {
         "p": p,
         "begin": begin,
-        "row": f"({p}, {p}, '', {p}, {p}, {p}, 0, 1, {later}, 0, 0, 0, 1, '', {now})",
+        "row": f"({p}, {p}, '', '', '', '', {p}, {p}, {p}, 0, 1, {later}, 0, 0, 0, 1, '', {now})",
         "insert": f"INSERT INTO leases_tasks_job ({COLUMNS}) VALUES ",
         "pick": (f"SELECT id, payload, attempt FROM leases_tasks_job WHERE status = 0 AND queue = {p}"
                  f" AND run_at <= {now} ORDER BY priority DESC, run_at, id LIMIT {p}{skip}"),
@@ -413,18 +370,6 @@ def spread(values: list[float]) -> str:
 
 def percentile(values: list[float], q: int) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 else float("nan")
-
-
-def database_version() -> str:
-    conn = connections["default"]
-    if conn.vendor == "sqlite":
-        import sqlite3
-
-        return f"SQLite {sqlite3.sqlite_version}"
-    with conn.cursor() as cur:
-        cur.execute("SELECT VERSION(), @@innodb_flush_log_at_trx_commit")
-        version, flush = cur.fetchone()
-    return f"{'MariaDB' if conn.mysql_is_mariadb else 'MySQL'} {version}, innodb_flush_log_at_trx_commit={flush}"
 
 
 def plot(rows: list[dict], path: Path, title: str) -> None:

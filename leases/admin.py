@@ -8,6 +8,7 @@ and bump fencing tokens; the change form edits pool, name and data and nothing e
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -17,16 +18,22 @@ from typing import Any
 from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import ValidationError
+from django.db.models import Count, OuterRef, Q, Subquery
+from django.db.models.functions import Coalesce
 from django.http import HttpRequest
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, reverse
 from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.text import Truncator
 
-from . import db
+from . import db, routing
+from .durations import parse_duration
 from .exceptions import UnknownResource
 from .locks import break_lock
-from .models import Lock, Resource
+from .models import EPOCH, Lock, Resource
 from .pool import Pool, check_data, db_now
+from .validation import MAX_SLOTS
 
 #: Keys and names holding any of these, in any case and anywhere, are secret ("pass" covers
 #: passwd and passphrase, "auth" authorization, "cred" credentials).
@@ -66,16 +73,9 @@ _PAIR = re.compile(
 )
 
 EDITABLE = ("pool", "name", "data")
-LEASE_STATE = (
-    "busy_before",
-    "holder",
-    "token",
-    "acquired_at",
-    "renewed_at",
-    "quarantined_until",
-    "quarantine_reason",
-)
-_COLOURS = {Resource.FREE: "#2e9c4a", Resource.HELD: "#d08700", Resource.QUARANTINED: "#d3372c"}
+LEASE_STATE = ("busy_until", "holder", "token", "acquired", "renewed", "quarantined", "quarantine_reason")
+_COLOURS = {Resource.FREE: "#2e9c4a", Resource.HELD: "#d08700", Resource.COOLING: "#4a7fd0",
+            Resource.QUARANTINED: "#d3372c"}
 
 
 def _nowrap(text: Any) -> str:
@@ -122,12 +122,71 @@ def mask_secrets(value: Any) -> Any:
     return value
 
 
+class OnDatabase:
+    """A model admin of the engine's rows on one database: `database`, else
+    LEASES_DATABASE. `site_for(alias)` makes a site whose admins set it."""
+
+    database: str | None = None
+
+    @property
+    def using(self) -> str:
+        return self.database or db.alias()
+
+    def admin_url(self, name: str, *args: Any) -> str:
+        """A URL of this admin's own site (each database's site has its own names)."""
+        return reverse(f"{self.admin_site.name}:{name}", args=args)
+
+    def get_urls(self) -> list:
+        """Every view tags its request with this admin, so what is computed per request
+        (the database clock, links) knows its database and site."""
+
+        def tagged(view: Any) -> Any:
+            @functools.wraps(view)
+            def inner(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
+                request.leases_admin = self
+                return view(request, *args, **kwargs)
+
+            return inner
+
+        return [URLPattern(p.pattern, tagged(p.callback), p.default_args, p.name) if isinstance(p, URLPattern) else p
+                for p in super().get_urls()]
+
+
+class OnDatabaseInline:
+    """An inline of an `OnDatabase` admin: its rows come from that admin's database."""
+
+    def get_queryset(self, request: HttpRequest):
+        return super().get_queryset(request).using(request.leases_admin.using)
+
+    def admin_url(self, name: str, *args: Any) -> str:
+        return reverse(f"{self.admin_site.name}:{name}", args=args)
+
+
+def site_for(alias: str) -> admin.AdminSite:
+    """An admin site showing the engine's rows on database `alias`, for a project whose
+    pools and queues are spread over several (see leases.routing):
+    ``path("admin/eu/", leases.admin.site_for("eu").urls)``. Made once per alias."""
+    routing.known(alias)
+    if alias not in _sites:
+        site = admin.AdminSite(name=f"leases_{alias}")
+        site.site_header = site.site_title = f"django-leases on database {alias}"
+        for model, model_admin in admin.site._registry.items():
+            if isinstance(model_admin, OnDatabase):
+                site.register(model, type(type(model_admin).__name__, (type(model_admin),), {"database": alias}))
+        _sites[alias] = site
+    return _sites[alias]
+
+
+_sites: dict[str, admin.AdminSite] = {}
+
+
 def request_now(request: HttpRequest) -> datetime:
     """The database clock, read once per request: one instant for every row of the page."""
     try:
         return request._leases_now
     except AttributeError:
-        request._leases_now = db_now(db.alias())
+        admin_ = getattr(request, "leases_admin", None)
+        request._leases_now = db_now(admin_.using if admin_ else db.alias())
         return request._leases_now
 
 
@@ -141,6 +200,14 @@ class PerRequest:
 
     def __init__(self, request: HttpRequest) -> None:
         self.request = request
+
+    @property
+    def using(self) -> str:
+        """The database of the admin that serves the request."""
+        return self.request.leases_admin.using
+
+    def admin_url(self, name: str, *args: Any) -> str:
+        return self.request.leases_admin.admin_url(name, *args)
 
     @classmethod
     def of(cls, request: HttpRequest):
@@ -158,9 +225,13 @@ class Live(PerRequest):
 
     @admin.display(description="state")
     def state(self, obj: Resource) -> str:
+        """The state, and for a quarantined slot why and until when, in one cell."""
         state = self._state(obj)
-        return format_html('<span style="white-space: nowrap"><span style="color: {}">●</span> {}</span>',
-                           _COLOURS[state], state)
+        dot = format_html('<span style="color: {}">●</span> {}', _COLOURS[state], state)
+        if state == Resource.QUARANTINED:
+            dot = format_html('{}: {} (until {})', dot, obj.quarantine_reason or "no reason given",
+                              compact_time(obj.quarantined_until))
+        return _nowrap(dot)
 
     @admin.display(description="holder", ordering="holder")
     def current_holder(self, obj: Resource) -> str:
@@ -169,28 +240,32 @@ class Live(PerRequest):
 
     @admin.display(description="expires in (s)", ordering="busy_before")
     def expires_in(self, obj: Resource) -> int | str:
-        if self._state(obj) != Resource.HELD:
+        """Seconds to the end of the lease, of the rest after a release, or of the quarantine."""
+        state = self._state(obj)
+        if state == Resource.FREE:
             return EMPTY
-        return math.floor((obj.busy_before - request_now(self.request)).total_seconds())
+        end = obj.quarantined_until if state == Resource.QUARANTINED else obj.busy_before
+        return math.floor((end - request_now(self.request)).total_seconds())
 
-    @admin.display(description="quarantined until", ordering="quarantined_until")
-    def quarantine_until(self, obj: Resource) -> str:
-        # A lapsed quarantine stays in the row until the next claim; it is history.
-        return compact_time(obj.quarantined_until) if self._state(obj) == Resource.QUARANTINED else EMPTY
+    @admin.display(description="slots used")
+    def used(self, obj: Resource) -> str:
+        """Held slots of this slot's resource, of its slots."""
+        return f"{obj.n_held}/{obj.n_slots}"
 
-    @admin.display(description="quarantine reason")
-    def reason(self, obj: Resource) -> str:
-        return obj.quarantine_reason if self._state(obj) == Resource.QUARANTINED else EMPTY
+
+def held_at(now: datetime) -> Q:
+    """Slots held at `now`, as SQL (the rules of Resource.state_at)."""
+    return Q(busy_before__gt=now) & ~Q(holder="") & ~Q(quarantined_until__gt=now)
 
 
 class StateFilter(admin.SimpleListFilter):
-    """Free, held or quarantined by the database clock, as SQL (same rules as state_at)."""
+    """Free, held, cooling or quarantined by the database clock, as SQL (same rules as state_at)."""
 
     title = "state"
     parameter_name = "state"
 
     def lookups(self, request, model_admin):
-        return [(s, s) for s in (Resource.FREE, Resource.HELD, Resource.QUARANTINED)]
+        return [(s, s) for s in Resource.STATES]
 
     def queryset(self, request, queryset):
         value = self.value()
@@ -200,7 +275,9 @@ class StateFilter(admin.SimpleListFilter):
         if value == Resource.FREE:
             return queryset.filter(busy_before__lte=now)
         if value == Resource.HELD:
-            return queryset.filter(busy_before__gt=now).exclude(quarantined_until__gt=now)
+            return queryset.filter(held_at(now))
+        if value == Resource.COOLING:
+            return queryset.filter(busy_before__gt=now, holder="").exclude(quarantined_until__gt=now)
         if value == Resource.QUARANTINED:
             return queryset.filter(quarantined_until__gt=now)
         return queryset.none()
@@ -215,8 +292,28 @@ class ResourceForm(forms.ModelForm):
             raise ValidationError(str(exc)) from None
 
 
+class ResourceAddForm(ResourceForm):
+    """A new resource and its slots (a slot's row is then edited on its own page)."""
+
+    slots = forms.IntegerField(min_value=1, max_value=MAX_SLOTS, initial=1,
+                               help_text="Holders it may have at once, each with a lease of its own.")
+
+
+class QuarantineForm(forms.Form):
+    """How long and why, for the quarantine action."""
+
+    duration = forms.CharField(initial="1d", help_text="e.g. 90m, 2h, 1d (by the database clock).")
+    reason = forms.CharField(max_length=255, help_text="Said to whoever looks at the resource next.")
+
+    def clean_duration(self) -> float:
+        try:
+            return parse_duration(self.cleaned_data["duration"])
+        except ValueError as exc:
+            raise ValidationError(str(exc)) from None
+
+
 @admin.register(Resource)
-class ResourceAdmin(admin.ModelAdmin):
+class ResourceAdmin(OnDatabase, admin.ModelAdmin):
     """Resources on the engine's database (settings.LEASES_DATABASE)."""
 
     form = ResourceForm
@@ -226,18 +323,31 @@ class ResourceAdmin(admin.ModelAdmin):
 
     # -- the engine's database --------------------------------------------------------
 
-    @property
-    def using(self) -> str:
-        return db.alias()
-
     def get_queryset(self, request):
-        return super().get_queryset(request).using(self.using)
+        """Each slot with how many slots its resource has and holds (by the database clock)."""
+        siblings = Resource.objects.filter(pool=OuterRef("pool"), name=OuterRef("name")).order_by().values("name")
+        held = siblings.filter(held_at(request_now(request)))
+        return super().get_queryset(request).using(self.using).annotate(
+            n_slots=Subquery(siblings.annotate(n=Count("*")).values("n")),
+            n_held=Coalesce(Subquery(held.annotate(n=Count("*")).values("n")), 0),
+        )
+
+    def get_form(self, request, obj=None, change=False, **kwargs):
+        kwargs["form"] = ResourceForm if obj is not None else ResourceAddForm
+        return super().get_form(request, obj, change, **kwargs)
 
     def save_model(self, request, obj, form, change):
         # A change saves only the edited fields: the row was read before a worker may
         # have claimed or renewed it, and writing back the stale lease columns (token,
-        # busy_before, holder) would silently take the lease away or hand it back.
-        fields = [f for f in form.changed_data if f in EDITABLE] if change else None
+        # busy_before, holder) would silently take the lease away or hand it back. The
+        # data is the resource's: every slot of it gets the new data.
+        if not change:
+            Pool(obj.pool, self.using).add(obj.name, obj.data, slots=form.cleaned_data["slots"])
+            obj.pk = Resource.objects.using(self.using).get(pool=obj.pool, name=obj.name, slot=0).pk
+            return
+        fields = [f for f in form.changed_data if f in EDITABLE]
+        siblings = Resource.objects.using(self.using).filter(pool=form.initial["pool"], name=form.initial["name"])
+        siblings.exclude(pk=obj.pk).update(**{field: getattr(obj, field) for field in fields})
         obj.save(using=self.using, update_fields=fields)
 
     def delete_model(self, request, obj):
@@ -247,19 +357,8 @@ class ResourceAdmin(admin.ModelAdmin):
 
     def get_list_display(self, request):
         live = Live.of(request)
-        return (
-            "name",
-            "pool",
-            live.state,
-            live.current_holder,
-            live.expires_in,
-            "token",
-            "acquired",
-            "renewed",
-            live.quarantine_until,
-            live.reason,
-            "data_preview",
-        )
+        return ("name", "pool", "slot", live.used, live.state, live.current_holder, live.expires_in, "token",
+                "acquired", "data_preview")
 
     @admin.display(description="acquired", ordering="acquired_at")
     def acquired(self, obj: Resource) -> str | None:
@@ -268,6 +367,15 @@ class ResourceAdmin(admin.ModelAdmin):
     @admin.display(description="renewed", ordering="renewed_at")
     def renewed(self, obj: Resource) -> str | None:
         return compact_time(obj.renewed_at)
+
+    @admin.display(description="busy until", ordering="busy_before")
+    def busy_until(self, obj: Resource) -> str | None:
+        """When the last lease, rest or quarantine ends; nothing for a slot never held."""
+        return None if obj.busy_before == EPOCH else compact_time(obj.busy_before)
+
+    @admin.display(description="quarantined until", ordering="quarantined_until")
+    def quarantined(self, obj: Resource) -> str | None:
+        return compact_time(obj.quarantined_until)
 
     @admin.display(description="data")
     def data_preview(self, obj: Resource) -> str:
@@ -287,7 +395,7 @@ class ResourceAdmin(admin.ModelAdmin):
         anyway); view-only users get it masked, as in the list.
         """
         if obj is None:
-            return [(None, {"fields": EDITABLE})]
+            return [(None, {"fields": (*EDITABLE, "slots")})]
         data = "data" if self.has_change_permission(request, obj) else "masked_data"
         live = Live.of(request)
         lease = (live.state, live.expires_in, *LEASE_STATE)
@@ -313,14 +421,23 @@ class ResourceAdmin(admin.ModelAdmin):
 
     # -- actions: through the engine ----------------------------------------------------
 
-    def _each(self, request, queryset, call, verb: str, skipped: str) -> None:
+    def _each(self, request, queryset, call, verb: str, skipped: str, note: str = "") -> None:
+        """Apply `call(pool, name)` to each selected resource (every slot of it) through the
+        engine, and record it in each row's history."""
         done = total = 0
-        for pool, name in queryset.values_list("pool", "name"):
+        seen = set()
+        for row in queryset.order_by("pool", "name", "slot"):
+            if (row.pool, row.name) in seen:
+                continue  # one call acts on every slot of the resource
+            seen.add((row.pool, row.name))
             total += 1
             try:
-                done += call(Pool(pool, self.using), name) is not False
+                changed = call(Pool(row.pool, self.using), row.name) is not False
             except UnknownResource:  # deleted since the page was shown
-                pass
+                continue
+            if changed:
+                done += 1
+                self.log_change(request, row, f"{verb} from the admin{note}.")
         text = f"{verb} {done} of {total} selected resource{'s' if total != 1 else ''}."
         if done < total:
             text += f" {total - done} {skipped}."
@@ -331,16 +448,24 @@ class ResourceAdmin(admin.ModelAdmin):
     def release_selected(self, request, queryset):
         self._each(request, queryset, lambda p, n: p.release(n), "Released", "not held")
 
-    @admin.action(description="Quarantine selected resources for a day", permissions=["change"])
+    @admin.action(description="Quarantine selected resources...", permissions=["change"])
     def quarantine_selected(self, request, queryset):
-        reason = f"quarantined from the admin by {request.user.get_username()}"
-        self._each(request, queryset, lambda p, n: p.quarantine(n, 86400, reason=reason),
-                   "Quarantined", "gone")
+        """Ask for how long and why, then quarantine every slot of each resource."""
+        form = QuarantineForm(request.POST if "apply" in request.POST else None)
+        if form.is_valid():
+            seconds, reason = form.cleaned_data["duration"], form.cleaned_data["reason"]
+            self._each(request, queryset, lambda p, n: p.quarantine(n, seconds, reason=reason), "Quarantined",
+                       "gone", note=f" for {form.data['duration']}: {reason}")
+            return None
+        return TemplateResponse(request, "admin/leases/resource/quarantine.html", {
+            **self.admin_site.each_context(request), "title": "Quarantine resources", "form": form,
+            "resources": queryset.order_by("pool", "name").values_list("pool", "name").distinct(),
+            "selected": request.POST.getlist(admin.helpers.ACTION_CHECKBOX_NAME), "opts": self.model._meta,
+        })
 
     @admin.action(description="Unquarantine selected resources", permissions=["change"])
     def unquarantine_selected(self, request, queryset):
-        self._each(request, queryset, lambda p, n: p.unquarantine(n), "Unquarantined",
-                   "not quarantined")
+        self._each(request, queryset, lambda p, n: p.unquarantine(n), "Unquarantined", "not quarantined")
 
 
 class LockLive(PerRequest):
@@ -348,6 +473,13 @@ class LockLive(PerRequest):
 
     def _held(self, obj: Lock) -> bool:
         return obj.held_at(request_now(self.request))
+
+    @admin.display(description="state")
+    def state(self, obj: Lock) -> str:
+        state = "held" if self._held(obj) else "free"
+        colour = _COLOURS[Resource.HELD if state == "held" else Resource.FREE]
+        return format_html('<span style="white-space: nowrap"><span style="color: {}">●</span> {}</span>',
+                           colour, state)
 
     @admin.display(description="owner", ordering="holder")
     def owner(self, obj: Lock) -> str:
@@ -361,36 +493,40 @@ class LockLive(PerRequest):
 
 
 @admin.register(Lock)
-class LockAdmin(admin.ModelAdmin):
+class LockAdmin(OnDatabase, admin.ModelAdmin):
     """Named locks: who holds them and for how long; breaking one goes through the engine."""
 
     search_fields = ("name", "holder")
     actions = ["break_selected"]
-    readonly_fields = ("name", "holder", "token", "expires_at", "acquired_at")
-
-    @property
-    def using(self) -> str:
-        return db.alias()
+    fields = readonly_fields = ("name", "holder", "token", "expires", "acquired")
 
     def get_queryset(self, request):
         return super().get_queryset(request).using(self.using)
 
     def get_list_display(self, request):
         live = LockLive.of(request)
-        return ("name", live.owner, live.expires_in, "token", "acquired")
+        return ("name", live.state, live.owner, live.expires_in, "token", "acquired")
 
     @admin.display(description="acquired", ordering="acquired_at")
     def acquired(self, obj: Lock) -> str | None:
         return compact_time(obj.acquired_at)
+
+    @admin.display(description="expires", ordering="expires_at")
+    def expires(self, obj: Lock) -> str | None:
+        return None if obj.expires_at == EPOCH else compact_time(obj.expires_at)
 
     def has_add_permission(self, request) -> bool:
         return False  # locks are made by taking them
 
     @admin.action(description="Break selected locks (whoever holds them)", permissions=["change"])
     def break_selected(self, request, queryset):
-        names = list(queryset.values_list("name", flat=True))
-        broken = sum(break_lock(name, using=self.using) for name in names)
-        text = f"Broke {broken} of {len(names)} selected lock{'s' if len(names) != 1 else ''}."
-        if broken < len(names):
-            text += f" {len(names) - broken} not held."
+        locks = list(queryset)
+        broken = 0
+        for lock in locks:
+            if break_lock(lock.name, using=self.using):
+                broken += 1
+                self.log_change(request, lock, f"Broken from the admin (held by {lock.holder or 'nobody'}).")
+        text = f"Broke {broken} of {len(locks)} selected lock{'s' if len(locks) != 1 else ''}."
+        if broken < len(locks):
+            text += f" {len(locks) - broken} not held."
         self.message_user(request, text, messages.SUCCESS if broken else messages.WARNING)

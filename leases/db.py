@@ -16,17 +16,17 @@ import logging
 import random
 import re
 import time
-from dataclasses import dataclass
-from functools import lru_cache
-from datetime import datetime, timezone
 from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from functools import lru_cache
 from typing import Any, Callable, Iterator, TypeVar
 
 from django.conf import settings
 from django.core.signals import setting_changed
-from django.dispatch import receiver
 from django.db import InterfaceError, OperationalError, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
+from django.dispatch import receiver
 
 log = logging.getLogger("leases.db")
 
@@ -153,6 +153,14 @@ def _kind(exc: BaseException) -> str | None:
     return None
 
 
+def _label(exc: BaseException, kind: str) -> str:
+    """How a retried error is counted in the log: 1213 is a deadlock, or on Galera a
+    certification conflict at COMMIT."""
+    code = exc.args[0] if exc.args and isinstance(exc.args[0], int) and exc.args[0] else None
+    named = {1213: "deadlock or certification conflict", 1205: "lock wait timeout"}
+    return f"{named.get(code, kind)} ({code})" if code else ("database is locked" if kind == "retry" else kind)
+
+
 def transient(exc: BaseException) -> bool:
     """Whether `exc` is an outage or a lost race (worth waiting out), not a wrong statement."""
     return _kind(exc) is not None
@@ -229,9 +237,14 @@ def run(
     unknown: the statement may have committed. Work that is not idempotent checks first.
     A refused connection is retried with longer pauses (4 to 9 s in all) than a lost
     race. Inside a caller's transaction nothing is retried: the transaction is already lost.
+
+    Each retry is a DEBUG line; work that succeeded after retries says so in one INFO line
+    (how many, of which kinds), and work that ran out of attempts raises the last error,
+    so a one-shot command still reports an outage in one line.
     """
     connection = connections[alias(using)]
     resumed = False
+    kinds: list[str] = []
     for attempt in range(attempts):
         sent = False
         try:
@@ -239,14 +252,19 @@ def run(
             cursor = Cursor(connection)
             try:
                 sent = True
-                return work(cursor, resumed)
+                result = work(cursor, resumed)
             finally:
                 cursor.close()
+            if kinds:
+                log.info("transient database errors retried on %s: %s, then it went through", connection.alias,
+                         ", ".join(f"{kind} x{kinds.count(kind)}" for kind in dict.fromkeys(kinds)))
+            return result
         except (OperationalError, InterfaceError) as exc:
             kind = _kind(exc)
             if kind is None or connection.in_atomic_block or attempt == attempts - 1:
                 raise
-            log.info("transient database error (%s), attempt %d of %d: %s", kind, attempt + 1, attempts, exc)
+            kinds.append(_label(exc, kind))
+            log.debug("transient database error (%s), attempt %d of %d: %s", kind, attempt + 1, attempts, exc)
             if kind != "retry":
                 _close(connection)
                 resumed = resumed or (sent and kind == "reconnect")

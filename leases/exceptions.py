@@ -22,7 +22,12 @@ class UnknownResource(LeaseError, LookupError):
 
 
 class Locked(LeaseError):
-    """The lock is held by someone else (and stayed held for as long as we waited)."""
+    """The lock is held by someone else (and stayed held for as long as we waited):
+    `name`, and as last seen its `holder` and the seconds it had left, `expires_in`."""
+
+    def __init__(self, message: str, name: str = "", holder: str = "", expires_in: float | None = None) -> None:
+        super().__init__(message)
+        self.name, self.holder, self.expires_in = name, holder, expires_in
 
 
 class QueueFull(LeaseError):

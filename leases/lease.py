@@ -17,7 +17,7 @@ from . import db
 from .exceptions import LeaseLost
 from .models import HOLDER_LENGTH
 from .sql import statements
-from .validation import check_ttl
+from .validation import check_cooldown, check_ttl
 
 log = logging.getLogger("leases")
 
@@ -139,10 +139,13 @@ class Hold:
                 return False
 
             def work(cursor: Any, resumed: bool) -> bool:
-                cursor.execute(statements(cursor.db, self.kind).release, (self.id, self.token, self.holder))
+                cursor.execute(statements(cursor.db, self.kind).release, self._release_params(cursor))
                 return cursor.rowcount == 1
 
             return db.run(work, self.using)
+
+    def _release_params(self, cursor: Any) -> tuple:
+        return (self.id, self.token, self.holder)
 
     def _mark_lost(self) -> None:
         with self._lock:
@@ -150,18 +153,32 @@ class Hold:
 
 
 class Lease(Hold):
-    """Exclusive use of one resource of a pool; `resource` is the resource's data."""
+    """Exclusive use of one slot of a resource of a pool; `resource` is the resource's
+    data, `slot` which of its slots (0 for a resource of one slot)."""
 
     kind = "resource"
 
-    def __init__(self, *, pool: str, name: str, resource: Any, **hold: Any) -> None:
+    def __init__(self, *, pool: str, name: str, resource: Any, slot: int = 0, cooldown: float = 0.0,
+                 **hold: Any) -> None:
         super().__init__(**hold)
         self.pool = pool
         self.name = name
         self.resource = resource
+        self.slot = slot
+        self.cooldown = cooldown
 
     def __str__(self) -> str:
-        return f"lease on {self.pool}/{self.name}"
+        return f"lease on {self.pool}/{self.name}" + (f" slot {self.slot}" if self.slot else "")
+
+    def release(self, cooldown: float | None = None) -> bool:
+        """Give it up now; the slot rests `cooldown` seconds (default: the pool's) before
+        anyone gets it again. False when it was no longer ours (nothing else is touched)."""
+        if cooldown is not None:
+            self.cooldown = check_cooldown(cooldown)
+        return super().release()
+
+    def _release_params(self, cursor: Any) -> tuple:
+        return (db.dialect(cursor.db).seconds(self.cooldown), self.id, self.token, self.holder)
 
 
 def keep_alive(lease: Hold, interval: float, stop: threading.Event) -> None:

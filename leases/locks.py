@@ -9,22 +9,32 @@ from __future__ import annotations
 
 import functools
 import inspect
+import logging
 import time
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, Callable, Iterator, NamedTuple, TypeVar
 
 from django.db import IntegrityError
 
-from . import db
-from .exceptions import Locked
-from .lease import Hold, make_holder
+from . import db, routing
+from .exceptions import LeaseLost, Locked
+from .lease import Heartbeat, Hold, make_holder
 from .models import Lock
 from .sql import statements
 from .validation import check_name, check_ttl, check_wait
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+log = logging.getLogger("leases")
+
 NAME_LENGTH = Lock._meta.get_field("name").max_length
+
+
+class _Busy(NamedTuple):
+    """Who held the lock when we tried, and for how many more seconds (server clock)."""
+
+    holder: str
+    left: float
 
 
 class HeldLock(Hold):
@@ -49,27 +59,31 @@ def acquire_lock(
 ) -> HeldLock:
     """Take the lock `name` for `ttl` seconds, waiting up to `wait` seconds for it.
 
-    Raises Locked("PROCESSING LOCKED: name") when it stays held by someone else.
+    Raises Locked("PROCESSING LOCKED: name (held by H for Ns more)") when it stays held by
+    someone else.
     """
     check_name(name, "lock name", NAME_LENGTH)
     ttl = check_ttl(ttl)
     deadline = time.monotonic() + check_wait(wait)
     holder = make_holder(holder)
-    using = db.alias(using)
+    using = routing.route("locks", name, using)
     attempt = 0
     while True:
         held = db.run(_attempt(name, ttl, holder, using), using)
-        if held is not None:
+        if isinstance(held, HeldLock):
             return held
         left = deadline - time.monotonic()
         if left <= 0:
-            raise Locked(f"PROCESSING LOCKED: {name}")
+            busy = f" (held by {held.holder} for {held.left:.1f}s more)" if held else ""
+            raise Locked(f"PROCESSING LOCKED: {name}{busy}", name, *(held or ("", None)))
         time.sleep(min(left, 0.02 + db.backoff(attempt, base=0.02, cap=0.5)))
         attempt += 1
 
 
-def _attempt(name: str, ttl: float, holder: str, using: str) -> Callable[[Any, bool], HeldLock | None]:
-    def work(cursor: Any, resumed: bool) -> HeldLock | None:
+def _attempt(name: str, ttl: float, holder: str, using: str) -> Callable[[Any, bool], HeldLock | _Busy | None]:
+    """One try: the lock, or who holds it (None when another taker won a race just now)."""
+
+    def work(cursor: Any, resumed: bool) -> HeldLock | _Busy | None:
         st = statements(cursor.db, "lock")
         seconds = db.dialect(cursor.db).seconds(ttl)
         cursor.execute(st.read, (name,))
@@ -85,7 +99,7 @@ def _attempt(name: str, ttl: float, holder: str, using: str) -> Callable[[Any, b
             cursor.execute(statements(cursor.db).now, ())
             now, mono_anchor = cursor.fetchone()[0], time.monotonic()
             return _held(name, id_, token, holder, ttl, sent_at, now, mono_anchor, using)
-        id_, token, current, expired, now = row
+        id_, token, current, expired, now, expires_at = row
         if resumed and current == holder and not expired:
             # Our claim committed before the connection dropped; renew it to know its expiry.
             sent_at = time.monotonic()
@@ -93,7 +107,7 @@ def _attempt(name: str, ttl: float, holder: str, using: str) -> Callable[[Any, b
             if cursor.rowcount == 1:
                 return _held(name, id_, token, holder, ttl, sent_at, now, mono_anchor, using)
         if not expired:
-            return None
+            return _Busy(current, (db.to_datetime(expires_at) - db.to_datetime(now)).total_seconds())
         sent_at = time.monotonic()
         cursor.execute(st.claim, (holder, seconds, id_, token))
         if cursor.rowcount != 1:
@@ -119,14 +133,38 @@ def _held(name, id_, token, holder, ttl, sent_at, now, mono_anchor, using) -> He
 
 @contextmanager
 def lock(
-    name: str, ttl: float = 60, wait: float = 0, holder: str | None = None, using: str | None = None
+    name: str,
+    ttl: float = 60,
+    wait: float = 0,
+    holder: str | None = None,
+    using: str | None = None,
+    keep_alive: bool = False,
 ) -> Iterator[HeldLock]:
-    """Hold the lock `name` for the block; released on exit if it is still ours."""
+    """Hold the lock `name` for the block; released on exit if it is still ours.
+
+    With `keep_alive` a heartbeat thread renews it every ttl/3 seconds, so the block may
+    outlast `ttl` (and the lock still frees itself ttl seconds after this process dies).
+    If the lock expired inside the block and someone else took it meanwhile, or an operator
+    broke it, the block was not exclusive: leaving it then raises LeaseLost (or, when the
+    block raised, logs a warning beside that error). A lock that expired but was taken by
+    no one (its token did not move) leaves quietly: nothing was shared.
+    """
     held = acquire_lock(name, ttl=ttl, wait=wait, holder=holder, using=using)
+    heartbeat = Heartbeat(held) if keep_alive else None
+    if heartbeat is not None:
+        heartbeat.start()
+    failed = True
     try:
         yield held
+        failed = False
     finally:
-        held.release()
+        if heartbeat is not None:
+            heartbeat.stop()
+        if not held.released and not held.release():  # released inside the block: fine
+            why = f"{held} (token {held.token}) expired or was broken inside its block"
+            if not failed:
+                raise LeaseLost(f"{why}: someone else may have held it meanwhile")
+            log.warning("%s", why)
 
 
 def break_lock(name: str, using: str | None = None) -> bool:
@@ -136,17 +174,18 @@ def break_lock(name: str, using: str | None = None) -> bool:
         cursor.execute(statements(cursor.db, "lock").evict, (name,))
         return cursor.rowcount == 1
 
-    return db.run(work, using)
+    return db.run(work, routing.route("locks", name, using))
 
 
 def synchronized(
-    prefix: str, arg: int | str | None = None, ttl: float = 60, wait: float = 0
+    prefix: str, arg: int | str | None = None, ttl: float = 60, wait: float = 0, keep_alive: bool = False
 ) -> Callable[[F], F]:
     """Run the decorated function under the lock `prefix + str(<argument>)`.
 
     `arg` picks the argument that completes the key: an int is a position, a str a
     parameter name (passed by position or keyword); None uses `prefix` alone. Raises
-    Locked("PROCESSING LOCKED: key") when the lock is held beyond `wait` seconds.
+    Locked("PROCESSING LOCKED: key ...") when the lock is held beyond `wait` seconds;
+    `keep_alive` as for `lock`.
     """
     check_ttl(ttl)
     check_wait(wait)
@@ -163,7 +202,7 @@ def synchronized(
 
         @functools.wraps(func)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            with lock(key(args, kwargs), ttl=ttl, wait=wait):
+            with lock(key(args, kwargs), ttl=ttl, wait=wait, keep_alive=keep_alive):
                 return func(*args, **kwargs)
 
         return wrapper  # type: ignore[return-value]

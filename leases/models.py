@@ -15,18 +15,23 @@ HOLDER_LENGTH = 255
 
 
 class Resource(models.Model):
-    """One leasable thing (a proxy, an account) in a named pool.
+    """One slot of a leasable thing (a proxy, an account) in a named pool: a resource of
+    N slots is N rows of one name, numbered from 0, each leased on its own.
 
-    A resource is held while `busy_before` is in the future by the database clock.
+    A slot is busy while `busy_before` is in the future by the database clock: held
+    while it also has a holder, cooling down (rested after a release) while it has none.
     Quarantine pushes `busy_before` forward too, so "free" is one index range scan:
-    ``pool = ? AND busy_before <= now``. `token` is the fencing token: it grows with
-    every acquisition (and every forced change of holder) and never goes back.
+    ``pool = ? AND busy_before <= now``, in the order slots came free. `token` is the
+    fencing token: it grows with every acquisition (and every forced change of holder)
+    and never goes back.
     """
 
-    FREE, HELD, QUARANTINED = "free", "held", "quarantined"
+    FREE, HELD, COOLING, QUARANTINED = "free", "held", "cooling", "quarantined"
+    STATES = (FREE, HELD, COOLING, QUARANTINED)
 
     pool = models.CharField(max_length=POOL_NAME_LENGTH)
     name = models.CharField(max_length=RESOURCE_NAME_LENGTH)
+    slot = models.PositiveSmallIntegerField(default=0, help_text="0 to slots - 1.")
     data = models.JSONField(default=dict, blank=True, encoder=DjangoJSONEncoder)
     busy_before = models.DateTimeField(default=EPOCH)
     holder = models.CharField(max_length=HOLDER_LENGTH, blank=True, default="")
@@ -38,21 +43,39 @@ class Resource(models.Model):
 
     class Meta:
         constraints = [
-            models.UniqueConstraint(fields=["pool", "name"], name="leases_resource_pool_name")
+            models.UniqueConstraint(fields=["pool", "name", "slot"], name="leases_resource_slot")
         ]
         indexes = [models.Index(fields=["pool", "busy_before"], name="leases_resource_free")]
-        ordering = ["pool", "name"]
+        ordering = ["pool", "name", "slot"]
 
     def __str__(self) -> str:
-        return f"{self.pool}/{self.name}"
+        return f"{self.pool}/{self.name}" + (f" slot {self.slot}" if self.slot else "")
 
     def state_at(self, now: datetime) -> str:
-        """free, held or quarantined at `now`, which must come from the database clock."""
+        """free, held, cooling or quarantined at `now`, which must come from the database clock."""
         if self.quarantined_until is not None and self.quarantined_until > now:
             return self.QUARANTINED
         if self.busy_before > now:
-            return self.HELD
+            return self.HELD if self.holder else self.COOLING
         return self.FREE
+
+
+class Waiter(models.Model):
+    """A caller waiting for a resource with `fair=True`: served in the order of `id`.
+
+    Its ticket lives while the waiter renews it; one whose waiter died lapses within
+    TICKET_TTL and stops holding up the others.
+    """
+
+    pool = models.CharField(max_length=POOL_NAME_LENGTH)
+    holder = models.CharField(max_length=HOLDER_LENGTH)
+    expires_at = models.DateTimeField()
+
+    class Meta:
+        indexes = [models.Index(fields=["pool", "id"], name="leases_waiter_order")]
+
+    def __str__(self) -> str:
+        return f"{self.pool}: {self.holder}"
 
 
 class Lock(models.Model):

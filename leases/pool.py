@@ -1,8 +1,16 @@
-"""A named pool of resources that processes on many hosts lease exclusively."""
+"""A named pool of resources that processes on many hosts lease: a slot each, exclusively.
+
+Which resource a caller gets: one of the few slots that came free longest ago (an index
+range read of `(pool, busy_before)`, whatever the pool's size), tried in random order so
+a crowd of acquirers spreads over them. So the pool is used least-recently-used first,
+which rests each resource as long as the pool allows; a `cooldown` rests it at least that
+long. With `fair=True`, waiters are served in the order they arrived.
+"""
 from __future__ import annotations
 
 import json
 import logging
+import random
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -11,19 +19,25 @@ from typing import Any, Callable, Iterable, Iterator
 
 from django.db import Error, connections, transaction
 
-from . import db
+from . import db, routing
 from .exceptions import NoResourceAvailable, UnknownPool, UnknownResource
 from .lease import Heartbeat, Lease, make_holder
 from .models import POOL_NAME_LENGTH, RESOURCE_NAME_LENGTH, Resource
 from .sql import statements
-from .validation import check_name, check_ttl, check_wait, dump_json
+from .validation import check_cooldown, check_name, check_slots, check_ttl, check_wait, dump_json
 
 log = logging.getLogger("leases")
 
-#: Free rows read per attempt; losing the race for one moves on to the next.
-CANDIDATES = 5
+#: Free rows read per attempt (the longest free); losing the race for one moves on to
+#: the next. More spread racing acquirers further; each costs a row read.
+CANDIDATES = 8
 #: Reads of fresh candidates before a failed attempt counts as "pool exhausted".
 ROUNDS = 3
+#: Seconds a fair waiter's ticket lives unless renewed: a dead waiter stops holding up
+#: the others after this long.
+TICKET_TTL = 3.0
+#: Seconds between two looks of a fair waiter at the line (and tries of the first in it).
+FAIR_POLL = 0.05
 
 
 def check_data(data: Any) -> Any:
@@ -40,6 +54,19 @@ def db_now(using: str | None = None) -> datetime:
         return db.to_datetime(cursor.fetchone()[0])
 
     return db.run(work, using)
+
+
+#: Pool names an UnknownPool error lists.
+KNOWN_SHOWN = 20
+
+
+def unknown_pool(name: str, using: str | None = None) -> UnknownPool:
+    """The error for a pool with no resources, naming the pools there are (a typo is the
+    usual cause). Off the hot path: it reads pool names through the `(pool, ...)` index."""
+    known = list(Resource.objects.using(db.alias(using)).order_by("pool").values_list("pool", flat=True)
+                 .distinct()[: KNOWN_SHOWN + 1])
+    listed = ", ".join(known[:KNOWN_SHOWN]) + (", ..." if len(known) > KNOWN_SHOWN else "")
+    return UnknownPool(f"pool {name!r} has no resources (known pools: {listed or 'none yet'})")
 
 
 def _load(value: Any) -> Any:
@@ -66,12 +93,59 @@ class _Claim:
         return self.row[1]
 
 
-class Pool:
-    """Resources of one pool. Cheap to create; holds no connection or state of its own."""
+class _Line:
+    """A fair waiter's place in its pool's line: a ticket row, renewed while it waits."""
 
-    def __init__(self, name: str, using: str | None = None) -> None:
+    def __init__(self, pool: Pool, holder: str) -> None:
+        self.pool, self.holder = pool, holder
+        self.ticket: int | None = None
+
+    def first(self) -> bool:
+        """Take a ticket (or renew ours); whether ours is the oldest live one."""
+
+        def work(cursor: Any, resumed: bool) -> bool:
+            st, seconds = statements(cursor.db), db.dialect(cursor.db).seconds(TICKET_TTL)
+            if self.ticket is None:
+                if not resumed:
+                    cursor.execute(st.lapsed_waiters, (self.pool.name,))
+                    cursor.execute(st.wait, (self.pool.name, self.holder, seconds))
+                cursor.execute(st.ticket, (self.pool.name, self.holder))
+                row = cursor.fetchone()
+                if row is None:  # a lost reply hid an insert that did not happen
+                    cursor.execute(st.wait, (self.pool.name, self.holder, seconds))
+                    cursor.execute(st.ticket, (self.pool.name, self.holder))
+                    row = cursor.fetchone()
+                self.ticket = row[0]
+            else:
+                cursor.execute(st.still_waiting, (seconds, self.ticket))
+            cursor.execute(st.first_waiter, (self.pool.name,))
+            head = cursor.fetchone()
+            return head is not None and head[0] == self.ticket
+
+        return db.run(work, self.pool.using)
+
+    def leave(self) -> None:
+        """Give the place up (best effort: a ticket left behind lapses in TICKET_TTL)."""
+        if self.ticket is None:
+            return
+        try:
+            db.run(lambda cursor, resumed: cursor.execute(statements(cursor.db).done_waiting, (self.ticket,)),
+                   self.pool.using, attempts=2)
+        except Error:
+            log.info("pool %r: could not leave the line; the ticket lapses in %gs", self.pool.name, TICKET_TTL)
+
+
+class Pool:
+    """Resources of one pool. Cheap to create; holds no connection or state of its own.
+
+    `cooldown`: seconds a released slot rests before it is handed out again (a lease's
+    `release(cooldown=...)` overrides it).
+    """
+
+    def __init__(self, name: str, using: str | None = None, cooldown: float = 0.0) -> None:
         self.name = check_name(name, "pool name", POOL_NAME_LENGTH)
-        self.using = db.alias(using)
+        self.using = routing.route("pools", self.name, using)
+        self.cooldown = check_cooldown(cooldown)
 
     def __repr__(self) -> str:
         return f"<Pool {self.name}>"
@@ -85,18 +159,28 @@ class Pool:
         """The pool's rows, for listing (state needs `db_now()`, not the client clock)."""
         return self._objects().filter(pool=self.name)
 
-    def add(self, name: str, data: Any = None) -> bool:
-        """Add a resource; adding it again changes nothing (or only its data, if given).
-
-        Returns True when the resource is new.
+    def add(self, name: str, data: Any = None, slots: int = 1) -> bool:
+        """Add a resource that up to `slots` holders may lease at once, each with a lease
+        (and token) of its own. Adding it again changes nothing but its data, if given,
+        and its slots: fewer drops the highest, whose holders lose them at the next
+        renewal. Returns True when the resource is new.
         """
         check_name(name, "resource name", RESOURCE_NAME_LENGTH)
-        if data is None:
-            _, created = self._objects().get_or_create(pool=self.name, name=name)
-        else:
+        check_slots(slots)
+        if data is not None:
             check_data(data)
-            _, created = self._objects().update_or_create(pool=self.name, name=name, defaults={"data": data})
-        return created
+        with transaction.atomic(using=self.using):
+            rows = self._objects().select_for_update().filter(pool=self.name, name=name)
+            have = {slot: data_ for slot, data_ in rows.values_list("slot", "data")}
+            if data is None:
+                data = have.get(0, {})
+            elif have:
+                rows.update(data=data)
+            self._objects().bulk_create(
+                Resource(pool=self.name, name=name, slot=slot, data=data) for slot in range(slots) if slot not in have
+            )
+            rows.filter(slot__gte=slots).delete()
+        return not have
 
     def add_many(
         self,
@@ -113,7 +197,7 @@ class Pool:
         for name, data in items:
             check_name(name, "resource name", RESOURCE_NAME_LENGTH)
             rows.append((name, check_data(data)))
-        upsert = db.upsert(connections[self.using], ["pool", "name"], ["data"])
+        upsert = db.upsert(connections[self.using], ["pool", "name", "slot"], ["data"])
         with transaction.atomic(using=self.using):
             for start in range(0, len(rows), batch_size):
                 batch = rows[start : start + batch_size]
@@ -135,8 +219,8 @@ class Pool:
 
     # -- leasing --------------------------------------------------------------------
 
-    def acquire(self, ttl: float = 60, wait: float = 0, holder: str | None = None) -> Lease:
-        """Lease one free resource for `ttl` seconds.
+    def acquire(self, ttl: float = 60, wait: float = 0, holder: str | None = None, fair: bool = False) -> Lease:
+        """Lease one free slot for `ttl` seconds.
 
         With `wait` > 0, retry with jittered pauses until that many seconds have passed,
         riding out database outages as well as an exhausted pool; then raise the
@@ -144,37 +228,49 @@ class Pool:
         An attempt against a refused connection takes `db.run` a few seconds to give up,
         so the deadline can be overrun by that much. UnknownPool when the pool has no
         resources at all.
+
+        With `fair=True` (and `wait`), callers that wait are served in the order they
+        came: each takes a ticket and only the oldest live one tries, every FAIR_POLL
+        seconds. It costs each waiter two statements a poll, and a slot freed waits for
+        the next poll of the first in line; callers without `fair` are not held back.
         """
         ttl = check_ttl(ttl)
         deadline = time.monotonic() + check_wait(wait)
         holder = make_holder(holder)
         in_doubt: list[_Claim] = []
+        line = _Line(self, holder) if fair and wait else None
         answered = False
         attempt = 0
-        while True:
-            error: Exception | None = None
-            try:
-                lease = self._recover(in_doubt, holder, ttl) or self._try_acquire(
-                    ttl, holder, first=not answered, in_doubt=in_doubt
-                )
-            except Error as exc:
-                if not db.transient(exc):
-                    raise
-                error = exc
-            else:
-                if lease is not None:
-                    return lease
-                answered = True
-            left = deadline - time.monotonic()
-            if left <= 0:
+        try:
+            while True:
+                error: Exception | None = None
+                try:
+                    turn = line is None or line.first()
+                    lease = (self._recover(in_doubt, holder, ttl) or self._try_acquire(
+                        ttl, holder, first=not answered, in_doubt=in_doubt
+                    )) if turn else None
+                except Error as exc:
+                    if not db.transient(exc):
+                        raise
+                    error = exc
+                else:
+                    if lease is not None:
+                        return lease
+                    answered = True
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    if error is not None:
+                        raise error
+                    waited = f" within {wait:g}s" if wait else ""
+                    raise NoResourceAvailable(f"no free resource in pool {self.name!r}{waited}")
                 if error is not None:
-                    raise error
-                waited = f" within {wait:g}s" if wait else ""
-                raise NoResourceAvailable(f"no free resource in pool {self.name!r}{waited}")
-            if error is not None:
-                log.info("pool %r: database unavailable, retrying for %.1fs more: %s", self.name, left, error)
-            time.sleep(min(left, 0.05 + db.backoff(attempt, base=0.05, cap=1.0)))
-            attempt += 1
+                    log.info("pool %r: database unavailable, retrying for %.1fs more: %s", self.name, left, error)
+                pause = FAIR_POLL if line is not None and error is None else 0.05 + db.backoff(attempt, 0.05, 1.0)
+                time.sleep(min(left, pause))
+                attempt += 1
+        finally:
+            if line is not None:
+                line.leave()
 
     def _try_acquire(self, ttl: float, holder: str, first: bool, in_doubt: list[_Claim]) -> Lease | None:
         for _ in range(ROUNDS):
@@ -182,8 +278,10 @@ class Pool:
             mono_anchor = time.monotonic()
             if not rows:
                 if first and not self._exists():
-                    raise UnknownPool(f"pool {self.name!r} has no resources")
+                    raise unknown_pool(self.name, self.using)
                 return None
+            rows = list(rows)
+            random.shuffle(rows)  # racing acquirers read the same few: spread them
             for row in rows:
                 claim = _Claim(tuple(row), mono_anchor, sent_at=time.monotonic())
                 try:
@@ -211,12 +309,14 @@ class Pool:
         return self._lease(claim, holder, ttl) if won else None
 
     def _lease(self, claim: _Claim, holder: str, ttl: float) -> Lease:
-        id_, token, name, data, now = claim.row
+        id_, token, name, data, now, slot = claim.row
         return Lease(
             pool=self.name,
             id=id_,
             name=name,
             resource=_load(data),
+            slot=slot,
+            cooldown=self.cooldown,
             token=token + 1,
             holder=holder,
             ttl=ttl,
@@ -299,11 +399,13 @@ class Pool:
         return bool(self._by_name("evict", (self.name, name), name))
 
     def stats(self) -> dict[str, int]:
-        """Counts by the database clock: free, held, quarantined, total."""
+        """Slots by the database clock: free, held, cooling (rested after a release),
+        quarantined, total."""
 
         def work(cursor: Any, resumed: bool) -> tuple:
             cursor.execute(statements(cursor.db).stats, (self.name,))
             return cursor.fetchone()
 
-        total, quarantined, held = (int(v) for v in db.run(work, self.using))
-        return {"free": total - held - quarantined, "held": held, "quarantined": quarantined, "total": total}
+        total, quarantined, held, cooling = (int(v) for v in db.run(work, self.using))
+        return {"free": total - held - cooling - quarantined, "held": held, "cooling": cooling,
+                "quarantined": quarantined, "total": total}

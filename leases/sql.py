@@ -9,6 +9,7 @@ put into the text.
 """
 from __future__ import annotations
 
+from datetime import datetime
 from functools import lru_cache
 from types import SimpleNamespace
 from typing import Any
@@ -18,11 +19,13 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from . import db
 
 RESOURCE = {
-    # Free candidates, in random order so a crowd of acquirers spreads over the rows.
-    # The last column is the server clock, the anchor for the client's expiry estimate.
+    # Free candidates: the few that came free longest ago, an index range read of
+    # (pool, busy_before) however large the pool; the caller tries them in random order so
+    # a crowd of acquirers spreads over them. The fifth column is the server clock, the
+    # anchor for the client's expiry estimate.
     "candidates": (
-        "SELECT id, token, name, data, {now} FROM {t}"
-        " WHERE pool = %s AND busy_before <= {now} ORDER BY {random} LIMIT %s"
+        "SELECT id, token, name, data, {now}, slot FROM {t}"
+        " WHERE pool = %s AND busy_before <= {now} ORDER BY busy_before LIMIT %s"
     ),
     # params: ttl, holder, id, token read by "candidates"
     "claim": (
@@ -39,9 +42,10 @@ RESOURCE = {
         "UPDATE {t} SET busy_before = {later}, renewed_at = {now}"
         " WHERE id = %s AND token = %s AND holder = %s AND busy_before > {now}"
     ),
-    # params: id, token, holder
+    # The slot rests `cooldown` seconds (0: free now) before it is handed out again.
+    # params: cooldown, id, token, holder
     "release": (
-        "UPDATE {t} SET busy_before = {now}, holder = ''"
+        "UPDATE {t} SET busy_before = {later}, holder = ''"
         " WHERE id = %s AND token = %s AND holder = %s"
     ),
     # An operator frees a held resource; the token grows so the old holder's renew fails.
@@ -62,14 +66,26 @@ RESOURCE = {
         "UPDATE {t} SET busy_before = {now}, quarantined_until = NULL, quarantine_reason = ''"
         " WHERE pool = %s AND name = %s AND quarantined_until IS NOT NULL"
     ),
-    # params: pool -> total, quarantined, held
+    # Slots by state. params: pool -> total, quarantined, held, cooling
     "stats": (
         "SELECT COUNT(*),"
         " COALESCE(SUM(CASE WHEN quarantined_until > {now} THEN 1 ELSE 0 END), 0),"
-        " COALESCE(SUM(CASE WHEN busy_before > {now} AND (quarantined_until IS NULL"
+        " COALESCE(SUM(CASE WHEN busy_before > {now} AND holder <> '' AND (quarantined_until IS NULL"
+        " OR quarantined_until <= {now}) THEN 1 ELSE 0 END), 0),"
+        " COALESCE(SUM(CASE WHEN busy_before > {now} AND holder = '' AND (quarantined_until IS NULL"
         " OR quarantined_until <= {now}) THEN 1 ELSE 0 END), 0)"
         " FROM {t} WHERE pool = %s"
     ),
+    # Fair waiting: a ticket per waiter, served in id order. params: pool, holder, ttl
+    "wait": "INSERT INTO {w} (pool, holder, expires_at) VALUES (%s, %s, {later})",
+    "ticket": "SELECT id FROM {w} WHERE pool = %s AND holder = %s",
+    # params: ttl, id
+    "still_waiting": "UPDATE {w} SET expires_at = {later} WHERE id = %s",
+    # The oldest live ticket of the pool, through (pool, id). params: pool
+    "first_waiter": "SELECT id FROM {w} WHERE pool = %s AND expires_at > {now} ORDER BY id LIMIT 1",
+    "done_waiting": "DELETE FROM {w} WHERE id = %s",
+    # Tickets of waiters gone long ago. params: pool
+    "lapsed_waiters": "DELETE FROM {w} WHERE pool = %s AND expires_at < {now}",
     "exists": "SELECT 1 FROM {t} WHERE pool = %s LIMIT 1",
     "now": "SELECT {now}",
 }
@@ -77,9 +93,9 @@ RESOURCE = {
 # A lock is a lease on a row created on first use. The row stays when released, so its
 # token keeps growing across holders.
 LOCK = {
-    # params: name -> id, token, holder, expired (1/0), server clock
+    # params: name -> id, token, holder, expired (1/0), server clock, expires_at
     "read": (
-        "SELECT id, token, holder, CASE WHEN expires_at <= {now} THEN 1 ELSE 0 END, {now}"
+        "SELECT id, token, holder, CASE WHEN expires_at <= {now} THEN 1 ELSE 0 END, {now}, expires_at"
         " FROM {t} WHERE name = %s"
     ),
     # params: name, holder, ttl; a duplicate key means someone else created it first
@@ -116,6 +132,29 @@ def in_list(values: Any) -> str:
     return ", ".join(["%s"] * len(values)) + ")"
 
 
+def update_each(connection: BaseDatabaseWrapper, table: str, rows: dict[int, dict[str, Any]],
+                fixed: dict[str, Any] | None = None) -> int:
+    """One UPDATE giving each row (by id) its own values, `SET col = CASE id WHEN ... END`,
+    and every row the `fixed` ones; returns the row count. Every row names the same
+    columns. Far cheaper than the ORM's bulk_update, which builds the same CASE slowly."""
+    if not rows:
+        return 0
+    ids = list(rows)
+    adapt = connection.ops.adapt_datetimefield_value
+    sets, params = [], []
+    for column, value in (fixed or {}).items():
+        sets.append(f"{connection.ops.quote_name(column)} = %s")
+        params.append(adapt(value) if isinstance(value, datetime) else value)
+    for column in rows[ids[0]]:
+        sets.append(f"{connection.ops.quote_name(column)} = CASE id {' '.join(['WHEN %s THEN %s'] * len(ids))} END")
+        for row_id in ids:
+            value = rows[row_id][column]
+            params += [row_id, adapt(value) if isinstance(value, datetime) else value]
+    with connection.cursor() as cursor:
+        cursor.execute(f"UPDATE {table} SET {', '.join(sets)} WHERE id IN (" + in_list(ids), params + ids)
+        return cursor.rowcount
+
+
 _KINDS: dict[str, tuple[dict[str, str], dict[str, str]]] = {}
 
 
@@ -123,13 +162,13 @@ def register(kind: str, templates: dict[str, str], tables: dict[str, str]) -> No
     """Make `templates` available as `statements(connection, kind)`.
 
     `tables` maps placeholders to models ("app_label.Model"). Besides those, templates
-    may use the dialect's fragments: {now}, {later}, {random}, {skip_locked},
+    may use the dialect's fragments: {now}, {later}, {random}, {skip_locked}, {for_update},
     {upsert[conflict columns]} and {new[col]}.
     """
     _KINDS[kind] = (templates, tables)
 
 
-register("resource", RESOURCE, {"t": "leases.Resource"})
+register("resource", RESOURCE, {"t": "leases.Resource", "w": "leases.Waiter"})
 register("lock", LOCK, {"t": "leases.Lock"})
 
 
@@ -160,6 +199,8 @@ def _build(kind: str, vendor: str, skip_locked: str, quote: Any) -> SimpleNamesp
         "later": dialect.later,
         "random": dialect.random,
         "skip_locked": skip_locked,
+        # A read of rows the transaction will change; SQLite's write lock already serialises.
+        "for_update": "" if vendor == "sqlite" else " FOR UPDATE",
         "upsert": _Pattern(dialect.upsert, "keys"),
         "new": _Pattern(dialect.new, "col"),
         **{key: quote(apps.get_model(label)._meta.db_table) for key, label in tables.items()},

@@ -24,6 +24,8 @@ from django.dispatch import receiver
 MAX_SECONDS = 10 * 365 * 86400
 #: Shortest lease or lock: below this the hold can end before its reply arrives.
 MIN_TTL = 0.1
+#: Most slots (holders at once) of one resource: each is a row.
+MAX_SLOTS = 1000
 #: JSON nesting MariaDB's JSON_VALID accepts (32 levels are refused).
 MAX_JSON_DEPTH = 31
 #: Default size limit of a payload, a result or a resource's data, as UTF-8 JSON text.
@@ -85,6 +87,18 @@ def check_ttl(ttl: Any, what: str = "ttl") -> float:
 
 def check_wait(wait: Any) -> float:
     return check_seconds(wait, "wait")
+
+
+def check_cooldown(cooldown: Any) -> float:
+    """How long a released slot rests before it is handed out again: 0 to MAX_SECONDS."""
+    return check_seconds(cooldown, "cooldown")
+
+
+def check_slots(slots: Any) -> int:
+    """How many holders a resource may have at once: 1 to MAX_SLOTS."""
+    if isinstance(slots, bool) or not isinstance(slots, int) or not 1 <= slots <= MAX_SLOTS:
+        raise ValueError(f"slots must be a whole number from 1 to {MAX_SLOTS}, not {slots!r}")
+    return slots
 
 
 def check_moment(value: Any, what: str) -> datetime:

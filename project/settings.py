@@ -90,7 +90,21 @@ def _database(url: str) -> dict:
     return db
 
 
-DATABASES = {"default": _database(env("DATABASE_URL", default="sqlite:///db.sqlite3"))}
+def _second(url: str) -> str:
+    """DATABASE_URL with another database name: db.sqlite3 -> db-second.sqlite3, leases -> leases_second."""
+    path, dot, ext = url.rpartition(".") if url.startswith("sqlite") else (url, "", "")
+    return f"{path}-second.{ext}" if dot else f"{url}_second"
+
+
+_URL = env("DATABASE_URL", default="sqlite:///db.sqlite3")
+DATABASES = {
+    "default": _database(_URL),
+    # A second database, for pools and queues spread over two (LEASES_ROUTES); only used when routed to.
+    "second": _database(env("DATABASE_URL_SECOND", default=_second(_URL))),
+}
+# Which database each pool, lock, dispatcher and queue lives on, as JSON, e.g.
+# LEASES_ROUTES='{"queues": {"crawl*": "second"}}' (see leases.routing).
+LEASES_ROUTES = env.json("LEASES_ROUTES", default={})
 
 # Django's Tasks framework (django.tasks, or the django-tasks backport on Django 5.2) on
 # the leases job queue: `manage.py leases_worker` runs these tasks beside native jobs.
@@ -117,5 +131,5 @@ LOGGING = {
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "loggers": {"leases": {"handlers": ["console"], "level": env("LEASES_LOG_LEVEL", default="WARNING")}},
+    "loggers": {"leases": {"handlers": ["console"], "level": env("LEASES_LOG_LEVEL", default="INFO")}},
 }

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from django.db import connection, connections
+from django.db import connections
 
 ROOT = Path(__file__).resolve().parent.parent
 _fork = multiprocessing.get_context("fork")
@@ -65,10 +65,10 @@ def queue():
     return _fork.Queue()
 
 
-def database_url() -> str:
-    """A DATABASE_URL naming the test database this session runs on."""
-    s = connection.settings_dict
-    if connection.vendor == "sqlite":
+def database_url(alias: str = "default") -> str:
+    """A DATABASE_URL naming the test database this session runs on (of `alias`)."""
+    s = connections[alias].settings_dict
+    if connections[alias].vendor == "sqlite":
         return f"sqlite:///{s['NAME']}"
     auth = s["USER"] + (f":{s['PASSWORD']}" if s["PASSWORD"] else "")
     return f"mysql://{auth}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 3306}/{s['NAME']}"
@@ -79,6 +79,7 @@ def child_env():
     """Environment for a subprocess (manage.py ...) that must use the test database."""
     env = dict(os.environ)
     env["DATABASE_URL"] = database_url()
+    env["DATABASE_URL_SECOND"] = database_url("second")
     env["PYTHONPATH"] = str(ROOT)
     env["PYTHONUNBUFFERED"] = "1"
     return env

@@ -48,3 +48,24 @@ def slow(payload):
 @handler("echo", queue="other", max_attempts=1)
 def echo(payload):
     return {"echo": payload}
+
+
+def _window(payload: dict, name: str) -> None:
+    """Append "key start end pid" (monotonic, one clock for every process of the host)."""
+    began = time.monotonic()
+    time.sleep(payload.get("seconds", 0.2))
+    if payload.get("log"):
+        with open(payload["log"], "a") as out:
+            out.write(f"{payload['key']} {began:.6f} {time.monotonic():.6f} {os.getpid()}\n")
+
+
+@handler("limited", queue="default", max_attempts=3, limit_key=lambda payload: payload["key"], concurrency=2)
+def limited(payload):
+    """At most two of a key at once, across every worker."""
+    _window(payload, "limited")
+
+
+@handler("rated", queue="default", max_attempts=3, limit_key=lambda payload: payload["key"], rate="5/s")
+def rated(payload):
+    """At most five starts of a key per second."""
+    _window(payload, "rated")

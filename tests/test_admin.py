@@ -1,12 +1,14 @@
 """The resources admin: live state by the database clock, engine-backed actions, masking."""
 from __future__ import annotations
 
+import re
 import string
 import time
 from datetime import timedelta
 from html.parser import HTMLParser
 
 import pytest
+from django.contrib.admin.models import LogEntry
 from django.contrib.auth.models import Permission, User
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
@@ -98,10 +100,10 @@ def test_changelist_shows_live_state_holder_expiry_and_quarantine(admin_client, 
     assert Resource.objects.get(name="free").holder.startswith("gone:")  # lapsed, so hidden
     assert free["current_holder"] == free["expires_in"] == "-"
 
-    assert quarantined["state"].endswith("quarantined")
-    assert quarantined["reason"] == "banned by target"
-    assert quarantined["quarantine_until"] != "-"
-    assert quarantined["expires_in"] == "-"
+    # Why and until when, in the state cell; the seconds left where a lease's would be.
+    assert re.fullmatch(r"● quarantined: banned by target \(until \d{4}-\d\d-\d\d \d\d:\d\d:\d\d\)",
+                        quarantined["state"])
+    assert 3590 <= int(quarantined["expires_in"]) <= 3600
 
 
 def test_state_is_judged_by_the_database_clock_not_the_web_servers(admin_client, world, monkeypatch):
@@ -150,19 +152,29 @@ def test_release_frees_the_lease_through_the_engine(admin_client, world):
     with pytest.raises(LeaseLost):
         world.renew()
     assert Resource.objects.get(name="held").token == token + 1  # fenced
-    assert Pool("proxies").stats() == {"free": 2, "held": 0, "quarantined": 1, "total": 3}
+    assert Pool("proxies").stats() == {"free": 2, "held": 0, "cooling": 0, "quarantined": 1, "total": 3}
 
 
-def test_quarantine_and_unquarantine_through_the_engine(admin_client, admin_user, world):
-    assert act(admin_client, "quarantine_selected", "held", "free") == [
-        "Quarantined 2 of 2 selected resources."
-    ]
-    assert Pool("proxies").stats() == {"free": 0, "held": 0, "quarantined": 3, "total": 3}
+def test_quarantine_asks_how_long_and_why_then_goes_through_the_engine(admin_client, admin_user, world):
+    ids = [Resource.objects.get(name=name).pk for name in ("held", "free")]
+    asked = admin_client.post(CHANGELIST, {"action": "quarantine_selected", "_selected_action": ids})
+    page = asked.content.decode()
+    assert asked.status_code == 200 and "proxies/held" in page and 'name="reason"' in page
+    assert Pool("proxies").stats()["quarantined"] == 1  # nothing done yet
+    bad = admin_client.post(CHANGELIST, {"action": "quarantine_selected", "_selected_action": ids, "apply": "1",
+                                         "duration": "soon", "reason": "x"})
+    assert "not a duration" in bad.content.decode() and Pool("proxies").stats()["quarantined"] == 1
+    done = admin_client.post(CHANGELIST, {"action": "quarantine_selected", "_selected_action": ids, "apply": "1",
+                                          "duration": "2h", "reason": "captcha wall"}, follow=True)
+    assert [str(m) for m in done.context["messages"]] == ["Quarantined 2 of 2 selected resources."]
+    assert Pool("proxies").stats() == {"free": 0, "held": 0, "cooling": 0, "quarantined": 3, "total": 3}
     with pytest.raises(LeaseLost):
         world.renew()
     row = Resource.objects.get(name="free")
-    assert row.quarantine_reason == f"quarantined from the admin by {admin_user.username}"
-    assert timedelta(hours=23) < row.quarantined_until - db_now() <= timedelta(days=1)
+    assert row.quarantine_reason == "captcha wall"
+    assert timedelta(hours=1, minutes=59) < row.quarantined_until - db_now() <= timedelta(hours=2)
+    history = LogEntry.objects.get(object_id=str(row.pk))
+    assert (history.user, history.change_message) == (admin_user, "Quarantined from the admin for 2h: captcha wall.")
     assert set(rows(admin_client.get(CHANGELIST, {"state": "quarantined"}))) == {
         "held", "free", "quarantined"
     }
@@ -170,7 +182,8 @@ def test_quarantine_and_unquarantine_through_the_engine(admin_client, admin_user
     assert act(admin_client, "unquarantine_selected", "held", "quarantined", "alice") == [
         "Unquarantined 2 of 3 selected resources. 1 not quarantined."
     ]
-    assert Pool("proxies").stats() == {"free": 2, "held": 0, "quarantined": 1, "total": 3}
+    assert LogEntry.objects.filter(change_message="Unquarantined from the admin.").count() == 2
+    assert Pool("proxies").stats() == {"free": 2, "held": 0, "cooling": 0, "quarantined": 1, "total": 3}
 
 
 def test_secrets_are_masked_in_the_list_and_other_keys_are_not(admin_client):
@@ -194,8 +207,10 @@ def test_change_form_edits_pool_name_data_and_shows_lease_state_read_only(admin_
     assert response.status_code == 200
     assert set(response.context["adminform"].form.fields) == {"pool", "name", "data"}
     readonly = response.context["adminform"].readonly_fields
-    assert {"token", "busy_before", "holder", "quarantined_until"} <= set(readonly)
-    assert world.holder in response.content.decode()
+    assert {"token", "busy_until", "holder", "quarantined"} <= set(readonly)
+    page = response.content.decode()
+    assert world.holder in page and "2000-01-01" not in page and "Jan. 1, 2000" not in page  # no placeholder
+    assert re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", page)
 
     posted = {"pool": "proxies", "name": "held2", "data": '{"url": "http://h2"}',
               "token": "999", "holder": "intruder", "busy_before_0": "2000-01-01"}
@@ -206,15 +221,18 @@ def test_change_form_edits_pool_name_data_and_shows_lease_state_read_only(admin_
     world.renew()  # still ours
 
 
-def test_add_form_takes_pool_name_and_data_only(admin_client):
+def test_add_form_takes_pool_name_data_and_slots_only(admin_client):
     url = reverse("admin:leases_resource_add")
-    assert set(admin_client.get(url).context["adminform"].form.fields) == {"pool", "name", "data"}
-    response = admin_client.post(url, {"pool": "p", "name": "n", "data": '{"a": 1}'})
+    assert set(admin_client.get(url).context["adminform"].form.fields) == {"pool", "name", "data", "slots"}
+    response = admin_client.post(url, {"pool": "p", "name": "n", "data": '{"a": 1}', "slots": "1"})
     assert response.status_code == 302
     assert Pool("p").stats()["free"] == 1
     assert Pool("p").acquire().resource == {"a": 1}
+    assert admin_client.post(url, {"pool": "p", "name": "acct", "data": '{"b": 2}', "slots": "3"}).status_code == 302
+    assert list(Resource.objects.filter(name="acct").values_list("slot", "data")) == [(s, {"b": 2}) for s in range(3)]
+    assert admin_client.post(url, {"pool": "p", "name": "x", "data": "{}", "slots": "0"}).status_code == 200
 
-    response = admin_client.post(url, {"pool": "p", "name": "nan", "data": '{"a": NaN}'})
+    response = admin_client.post(url, {"pool": "p", "name": "nan", "data": '{"a": NaN}', "slots": "1"})
     assert response.status_code == 200  # the form says why, instead of a database error
     assert "data must be JSON-serialisable" in str(response.context["adminform"].form.errors)
     assert not Resource.objects.filter(name="nan").exists()
@@ -414,6 +432,8 @@ def test_lock_changelist_shows_owner_and_expiry_and_breaks_locks(admin_client):
     page = admin_client.get("/admin/leases/lock/").content.decode()
     assert "rebuild:crawl" in page and held.holder in page
     assert ">119<" in page or ">120<" in page
+    states = {row["name"]: row["state"] for row in rows(admin_client.get("/admin/leases/lock/")).values()}
+    assert states == {"rebuild:crawl": "● held", "old": "● free"}
     old = Lock.objects.get(name="old")
     response = admin_client.post(
         "/admin/leases/lock/",
@@ -421,6 +441,9 @@ def test_lock_changelist_shows_owner_and_expiry_and_breaks_locks(admin_client):
         follow=True,
     )
     assert "Broke 1 of 2 selected locks. 1 not held." in response.content.decode()
+    entry = LogEntry.objects.get()
+    assert entry.object_repr == "rebuild:crawl" and entry.change_message == (
+        f"Broken from the admin (held by {held.holder}).")
     with pytest.raises(LeaseLost):
         held.extend()
     assert held.holder not in admin_client.get("/admin/leases/lock/").content.decode()

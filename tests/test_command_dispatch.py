@@ -89,12 +89,17 @@ def test_a_malformed_file_names_the_line_and_loads_nothing(tmp_path, content, me
         (("assign", "crawl", "", "5"), "worker name must be a non-empty string"),
         (("assign", "crawl", "w" * 300, "5"), "worker name is longer than 255"),
         (("stats", ""), "dispatcher name must be a non-empty string"),
+        (("done", "crawl", "nobody"), "no worker 'nobody' in dispatcher 'crawl': never assigned tasks, "
+                                      "or reclaimed (known workers: w1)"),
+        (("check", "crawl", "nobody"), "no worker 'nobody'"),
     ],
 )
 def test_bad_input_exits_2_with_one_line(args, message):
-    Dispatcher("crawl").recreate_task_pool({"a": 1.0})
+    Dispatcher("crawl").recreate_task_pool({"a": 1.0, "b": 2.0})
+    Dispatcher("crawl").assign_tasks(1, "w1")
+    before = list(PoolTask.objects.values_list("value", "state"))
     assert message in fails(2, *args)
-    assert not PoolTask.objects.filter(state=PoolTask.BUCKET).exists()
+    assert list(PoolTask.objects.values_list("value", "state")) == before
 
 
 def test_a_concurrent_rebuild_is_refused_with_exit_75(tasks_file):

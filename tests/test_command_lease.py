@@ -21,7 +21,7 @@ from leases.management.commands import lease as lease_command
 from leases.management.lines import MAX_LINE, entries
 from leases.models import Resource
 from leases.pool import db_now
-from leases.progress import Progress
+from leases.progress import progress_bar
 from tests.conftest import alive, start_lease_run
 
 POOL = "proxies"
@@ -66,30 +66,21 @@ class Terminal(io.StringIO):
         return True
 
 
-def test_progress_writes_only_the_final_line_when_not_a_terminal():
+def test_progress_is_off_when_not_a_terminal():
     stream = io.StringIO()
-    with Progress(10, "loading", stream=stream) as bar:
-        bar.advance(4)
-        bar.advance(6)
-    assert stream.getvalue() == f"loading [{'#' * 30}] 100% 10/10\n"
+    with progress_bar(10, "loading", stream) as bar:
+        bar.update(4)
+        bar.update(6)
+    assert stream.getvalue() == ""
 
 
-def test_progress_redraws_in_place_on_a_terminal_even_through_django_output(monkeypatch):
-    monkeypatch.setattr(Progress, "REDRAW", 0)
+def test_progress_draws_on_a_terminal_even_through_django_output():
     terminal = Terminal()
-    with Progress(10, "loading", stream=OutputWrapper(terminal), width=10) as bar:
-        bar.advance(4)
-    assert terminal.getvalue() == (
-        "\rloading [          ]   0% 0/10\rloading [####      ]  40% 4/10\rloading [####      ]  40% 4/10\n"
-    )
-
-
-def test_progress_says_when_it_was_interrupted():
-    stream = io.StringIO()
-    with pytest.raises(RuntimeError), Progress(3, stream=stream) as bar:
-        bar.advance()
-        raise RuntimeError
-    assert stream.getvalue().endswith(" 33% 1/3 (interrupted)\n")
+    with progress_bar(10, "loading", OutputWrapper(terminal)) as bar:
+        bar.update(4)
+        bar.update(6)
+    drawn = terminal.getvalue()
+    assert drawn.startswith("\rloading:   0%") and "10/10" in drawn and drawn.endswith("\n")
 
 
 # -- operator subcommands ---------------------------------------------------------------
@@ -110,7 +101,7 @@ def test_import_reads_names_and_csv_with_json_and_is_idempotent(tmp_path):
     file.write_text('# proxies\na\n\nb,{"url": "http://b", "ports": [1, 2]}\n  c ,  \n')
     out, err = lease("import", POOL, str(file))
     assert out == "3 added to proxies (0 already there)\n"
-    assert err == f"importing into proxies [{'#' * 30}] 100% 3/3\n"
+    assert err == ""  # no bar into a file or a pipe
     assert {r.name: r.data for r in Pool(POOL).resources()} == {
         "a": {},
         "b": {"url": "http://b", "ports": [1, 2]},
@@ -127,8 +118,10 @@ def test_list_shows_state_holder_and_expiry_by_the_database_clock(pool, monkeypa
     server = db_now() - timedelta(seconds=50)
     monkeypatch.setattr(lease_command, "db_now", lambda using=None: server)
     lines = [line.split() for line in lease("list", POOL)[0].splitlines()]
-    assert lines[0] == ["NAME", "STATE", "HOLDER", "EXPIRES", "IN", "TOKEN", "QUARANTINE"]
-    by_name = {line[0]: line for line in lines[1:]}
+    assert lines[0] == ["NAME", "SLOT", "USED", "STATE", "HOLDER", "EXPIRES", "IN", "TOKEN", "QUARANTINE"]
+    by_name = {line[0]: [line[0], *line[3:]] for line in lines[1:]}  # as before the slot columns
+    assert [line[1:3] for line in lines[1:]] == [["0", "1/1" if held.name == "r1" else "0/1"],
+                                                  ["0", "1/1" if held.name == "r2" else "0/1"]]
     assert by_name[held.name][1:3] == ["held", held.holder]
     assert 140 <= int(by_name[held.name][3].rstrip("s")) <= 150
     other = by_name["r1" if held.name == "r2" else "r2"]
@@ -141,10 +134,10 @@ def test_list_without_a_pool_shows_every_pool(pool):
     Pool("accounts").add("alice")
     lines = [line.split() for line in lease("list")[0].splitlines()]
     assert lines[0][:2] == ["POOL", "NAME"]
-    assert [line[:3] for line in lines[1:]] == [
-        ["accounts", "alice", "free"],
-        ["proxies", "r1", "free"],
-        ["proxies", "r2", "free"],
+    assert [line[:5] for line in lines[1:]] == [
+        ["accounts", "alice", "0", "0/1", "free"],
+        ["proxies", "r1", "0", "0/1", "free"],
+        ["proxies", "r2", "0", "0/1", "free"],
     ]
 
 
@@ -164,11 +157,11 @@ def test_remove_release_quarantine_unquarantine_and_stats(pool):
     r1 = row("r1")
     assert r1.quarantine_reason == "banned"
     assert 590 < (r1.quarantined_until - db_now()).total_seconds() <= 600
-    assert json.loads(lease("stats", POOL)[0]) == {"free": 0, "held": 0, "quarantined": 1, "total": 1}
+    assert json.loads(lease("stats", POOL)[0]) == {"free": 0, "held": 0, "cooling": 0, "quarantined": 1, "total": 1}
 
     assert lease("unquarantine", POOL, "r1")[0] == "proxies/r1 is back in service\n"
     assert lease("unquarantine", POOL, "r1")[0] == "proxies/r1 was not quarantined\n"
-    assert json.loads(lease("stats", POOL)[0]) == {"free": 1, "held": 0, "quarantined": 0, "total": 1}
+    assert json.loads(lease("stats", POOL)[0]) == {"free": 1, "held": 0, "cooling": 0, "quarantined": 0, "total": 1}
 
 
 @pytest.mark.django_db
@@ -185,19 +178,21 @@ def test_remove_release_quarantine_unquarantine_and_stats(pool):
         (["quarantine", POOL, "nope"], "no resource 'nope'"),
         (["unquarantine", POOL, "nope"], "no resource 'nope'"),
         (["list", ""], "pool name must be a non-empty string"),
-        (["list", "nope"], "pool 'nope' has no resources"),
+        (["list", "nope"], "pool 'nope' has no resources (known pools: proxies)"),
         (["stats", "nope"], "pool 'nope' has no resources"),
         (["import", POOL, "/nonexistent/resources.csv"], "cannot read /nonexistent/resources.csv"),
         (["run", "nope", "--", "true"], "pool 'nope' has no resources"),
-        (["run", POOL, "--ttl", "0", "--", "true"], "ttl must be a finite number of seconds > 0"),
-        (["run", POOL, "--wait", "-1", "--", "true"], "wait must be a finite number of seconds >= 0"),
-        (["run", POOL, "--grace", "-1", "--", "true"], "grace must be a finite number of seconds >= 0"),
+        (["run", POOL, "--ttl", "0", "--", "true"], "--ttl: duration must be > 0: '0'"),
+        (["run", POOL, "--ttl", "1x", "--", "true"], "--ttl: not a duration: '1x' (use e.g. 90s, 10m, 2h, 1d)"),
+        (["run", POOL, "--ttl", "0.05", "--", "true"], "ttl must be at least 0.1 seconds"),
+        (["run", POOL, "--wait", "-1", "--", "true"], "--wait: duration must be >= 0: '-1'"),
+        (["run", POOL, "--grace", "-1", "--", "true"], "--grace: duration must be >= 0: '-1'"),
         (["run", POOL], "no command given"),
         (["add", POOL, "r3", "--data", "[" * 100_000 + "]" * 100_000], "--data is nested too deeply"),
         (["add", POOL, "r3", "--data", "[" * 40 + "]" * 40], "data is nested deeper than 31 levels"),
-        (["run", POOL, "--ttl", "4e8", "--", "true"], "ttl must be at most 3.1536e+08 seconds (10 years)"),
-        (["run", POOL, "--wait", "4e8", "--", "true"], "wait must be at most 3.1536e+08 seconds (10 years)"),
-        (["run", POOL, "--grace", "4e8", "--", "true"], "grace must be at most 3.1536e+08 seconds"),
+        (["run", POOL, "--ttl", "4e8", "--", "true"], "--ttl: duration '4e8' must be at most 3.1536e+08 seconds"),
+        (["run", POOL, "--wait", "4000d", "--", "true"], "--wait: duration '4000d' must be at most 3.1536e+08"),
+        (["run", POOL, "--grace", "4e8", "--", "true"], "--grace: duration '4e8' must be at most 3.1536e+08"),
         (["quarantine", POOL, "r1", "--for", "4000d"], "duration '4000d' must be at most 3.1536e+08 seconds"),
     ],
 )
@@ -306,6 +301,33 @@ def test_run_exits_75_when_no_resource_is_free_within_wait(pool, tmp_path):
     assert caught.value.returncode == 75
     assert "no free resource in pool 'proxies' within 0.2s" in str(caught.value)
     assert not marker.exists()
+
+
+@pytest.mark.django_db
+def test_run_takes_durations_with_units(pool, monkeypatch):
+    asked = {}
+    real = Pool.acquire
+
+    def acquire(self, **options):
+        asked.update(options)
+        return real(self, **options)
+
+    monkeypatch.setattr(Pool, "acquire", acquire)
+    lease("run", POOL, "--ttl", "2m", "--wait", "0s", "--grace", "1m", "--", "true")
+    assert asked == {"ttl": 120.0, "wait": 0.0}
+
+
+def test_run_without_the_separator_says_to_put_the_command_after_it(child_env, manage):
+    argv = [*manage, "lease", "run", POOL, "ls", "-la"]
+    done = subprocess.run(argv, env=child_env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert "unrecognized arguments: -la; put the command after --, as in " in done.stderr
+    assert "`lease run POOL [--ttl 90s] -- ls -la`" in done.stderr
+
+
+def test_positionals_are_explained_in_help(child_env, manage):
+    done = subprocess.run([*manage, "lease", "add", "--help"], env=child_env, capture_output=True, text=True)
+    assert "the pool's name" in done.stdout and "unique in its pool" in done.stdout
 
 
 # -- lease run end to end -----------------------------------------------------------------

@@ -20,8 +20,10 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def test_a_held_lock_refuses_others_with_the_seed_message():
     with lock("rebuild:crawl", ttl=30) as held:
         assert held.token == 1 and held.remaining() > 29
-        with pytest.raises(Locked, match=r"^PROCESSING LOCKED: rebuild:crawl$"):
+        with pytest.raises(Locked, match=r"^PROCESSING LOCKED: rebuild:crawl \(held by \S+ for (29|30)\.\ds more\)$") as info:
             acquire_lock("rebuild:crawl")
+        assert (info.value.name, info.value.holder) == ("rebuild:crawl", held.holder)
+        assert 29 < info.value.expires_in <= 30
         started = time.monotonic()
         with pytest.raises(Locked):
             acquire_lock("rebuild:crawl", wait=0.4)
@@ -44,6 +46,55 @@ def test_bad_arguments_are_refused(kwargs, message):
     with pytest.raises(ValueError, match=message):
         acquire_lock(**kwargs)
     assert not Lock.objects.exists()
+
+
+def test_leaving_the_block_after_the_lock_expired_raises_lease_lost():
+    with pytest.raises(LeaseLost, match=r"^lock x \(token 1\) expired or was broken inside its block: someone"):
+        with lock("x", ttl=0.2):
+            time.sleep(0.4)
+            other = acquire_lock("x")  # and someone else took it meanwhile
+    assert Lock.objects.get(name="x").holder == other.holder  # theirs, untouched
+    with pytest.raises(LeaseLost):
+        with lock("y", ttl=30):
+            break_lock("y")
+
+
+def test_an_error_inside_the_block_wins_over_the_expiry_which_is_logged(caplog):
+    with pytest.raises(KeyError):
+        with lock("x", ttl=0.2):
+            time.sleep(0.4)
+            acquire_lock("x")
+            raise KeyError("the block's own error")
+    assert "lock x (token 1) expired or was broken inside its block" in caplog.text
+
+
+def test_a_lock_that_expired_but_was_taken_by_no_one_leaves_quietly():
+    with lock("x", ttl=0.2) as held:
+        time.sleep(0.4)  # the token did not move: no one else held it meanwhile
+    assert held.released and Lock.objects.get(name="x").holder == ""
+
+
+def test_a_lock_released_inside_its_block_leaves_quietly():
+    with lock("x", ttl=30) as held:
+        assert held.release() is True
+        assert acquire_lock("x").token == 2
+
+
+def test_keep_alive_renews_the_lock_past_its_ttl():
+    with lock("x", ttl=0.3, keep_alive=True) as held:
+        time.sleep(1.0)  # more than three ttls
+        with pytest.raises(Locked):
+            acquire_lock("x")
+        assert held.remaining() > 0
+    assert acquire_lock("x").token == 2  # released on exit
+
+
+def test_keep_alive_reports_a_lock_broken_by_an_operator_on_exit():
+    with pytest.raises(LeaseLost):
+        with lock("x", ttl=0.6, keep_alive=True) as held:
+            assert break_lock("x")
+            time.sleep(0.5)  # the next renewal finds it gone
+            assert held.lost
 
 
 def test_extend_moves_the_expiry_and_fails_once_expired():
@@ -90,7 +141,8 @@ def test_a_claim_that_committed_before_the_connection_dropped_is_recognised():
     again = db.run(lambda cursor, resumed: attempt(cursor, True))
     assert again is not None and again.token == 2 and again.remaining() > 29
     other = _attempt("x", 30, "other:2:ef01", "default")
-    assert db.run(lambda cursor, resumed: other(cursor, True)) is None
+    busy = db.run(lambda cursor, resumed: other(cursor, True))  # held: by whom and how long
+    assert busy.holder == "me:1:abcd" and 29 < busy.left <= 30
 
 
 def _contend(seconds, occupancy, lock_, out):
@@ -166,7 +218,7 @@ def _call_rebuild(out):
         try:
             out.put(call())
         except Locked as exc:
-            out.put(str(exc))
+            out.put(str(exc).split(" (held by ")[0])
 
 
 def test_synchronized_refuses_while_its_key_is_held_in_another_process(processes, queue):

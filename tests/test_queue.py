@@ -344,9 +344,27 @@ def test_prune_deletes_only_old_finished_jobs_with_their_errors(capsys):
     assert not JobError.objects.exists()
 
 
+def test_prune_deletes_workers_gone_longer_than_the_cutoff(capsys):
+    from django.core.management import call_command
+
+    from leases.tasks.models import Worker as WorkerRow
+
+    now = db_now()
+    for name, gone in (("stopped-long-ago", timedelta(days=8)), ("stopped-today", timedelta(hours=1)),
+                       ("alive", -timedelta(seconds=30))):
+        WorkerRow.objects.create(name=name, holder="" if gone.total_seconds() > 0 else "h", queues="default",
+                                 concurrency=1, started_at=now - timedelta(days=9), heartbeat_at=now - gone,
+                                 expires_at=now - gone)
+    call_command("leases_prune", "--older-than", "7d")
+    assert "deleted 0 finished jobs and 1 stopped workers older than 7d" in capsys.readouterr().out
+    assert sorted(WorkerRow.objects.values_list("name", flat=True)) == ["alive", "stopped-today"]
+
+
 def test_prune_command_refuses_bad_durations(manage, child_env):
     result = subprocess.run([*manage, "leases_prune", "--older-than", "soon"], env=child_env, capture_output=True, text=True)
     assert result.returncode == 2 and "not a duration" in result.stderr
+    bare = subprocess.run([*manage, "leases_prune", "--older-than", "7"], env=child_env, capture_output=True, text=True)
+    assert bare.returncode == 2 and bare.stderr.strip().endswith("--older-than: '7' needs a unit: 7s, 7m, 7h or 7d?")
 
 
 def test_only_the_last_runs_of_a_key_are_kept(settings):

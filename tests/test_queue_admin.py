@@ -110,8 +110,36 @@ def test_job_list_shows_status_attempts_and_times_by_the_database_clock(admin_cl
     assert row["later"]["run_in"] in ("in 1m", "in 89s")
     assert row["other_due"]["run_in"] == "1h ago"
     assert row["failed"]["attempts"] == "1/5" and row["due"]["attempts"] == "0/3"
-    assert row["running"]["worker"] == "w-alive" and row["running"]["queue"] == "default"
+    assert row["running"]["worker_short"] == "w-alive" and row["running"]["queue"] == "default"
     assert row["due"]["finished"] == "-" and row["dead"]["finished"] != "-"
+    assert row["due"]["started"] == "-" and row["due"]["duration"] == "-" and row["due"]["lease"] == "-"
+    assert row["running"]["lease"] in ("in 29s", "in 30s") and row["orphan"]["lease"] in ("5s ago", "6s ago")
+    assert row["succeeded"]["duration"] == "0ms"
+
+
+def test_worker_column_shows_host_and_pid_with_the_whole_name_on_hover(admin_client, jobs):
+    make("sleepy", Job.RUNNING, attempt=1, worker="crawl-7:4242:9f3a1c")
+    page = admin_client.get(JOBS).content.decode()
+    assert 'title="crawl-7:4242:9f3a1c">crawl-7:4242</span>' in page
+
+
+def test_lease_filter_finds_running_jobs_whose_worker_is_gone(admin_client, jobs):
+    assert ids(admin_client.get(JOBS, {"lease": "lapsed"})) == {jobs["orphan"].pk}
+    assert ids(admin_client.get(JOBS, {"lease": "live"})) == {jobs["running"].pk, jobs["other_running"].pk}
+
+
+def test_search_finds_a_job_by_id_or_names_and_keys_by_prefix(admin_client, jobs):
+    assert ids(admin_client.get(JOBS, {"q": str(jobs["dead"].pk)})) == {jobs["dead"].pk}
+    assert ids(admin_client.get(JOBS, {"q": f"#{jobs['dead'].pk}"})) == {jobs["dead"].pk}
+    assert ids(admin_client.get(JOBS, {"q": "slee"})) == {jobs["running"].pk, jobs["orphan"].pk}
+    assert ids(admin_client.get(JOBS, {"q": "leepy"})) == set()  # a prefix, so an index can serve it
+    assert ids(admin_client.get(JOBS, {"q": jobs["failed"].key})) == {jobs["failed"].pk}
+
+
+def test_name_filter_offers_names_of_recent_jobs_not_only_registered_handlers(admin_client, jobs):
+    make("made.elsewhere", Job.SUCCEEDED, attempt=1)
+    page = admin_client.get(JOBS).content.decode()
+    assert "?name=made.elsewhere" in page and "?name=noop" in page
 
 
 def test_job_run_times_are_judged_by_the_database_clock(admin_client, jobs, monkeypatch):
@@ -191,7 +219,7 @@ def test_jobs_cannot_be_added_edited_or_deleted_and_viewers_get_no_actions(clien
     assert admin_client.post(change, {"priority": 50, "status": Job.DEAD}).status_code == 403
     assert Job.objects.filter(pk=pk, priority=0, status=Job.READY).exists()
     actions = dict(admin_client.get(JOBS).context["action_form"].fields["action"].choices)
-    assert set(actions) - {""} == {"retry_selected", "cancel_selected", "discard_selected"}
+    assert set(actions) - {""} == {"retry_selected", "cancel_selected", "discard_selected", "recover_selected"}
 
     viewer = User.objects.create_user("viewer", password="pw", is_staff=True)
     viewer.user_permissions.add(*Permission.objects.filter(codename__in=["view_job", "view_joberror"]))
@@ -289,6 +317,37 @@ def test_discard_deletes_jobs_and_errors_but_not_running_jobs(admin_client, jobs
     ]
 
 
+def test_recover_puts_lapsed_jobs_back_and_leaves_live_ones(admin_client, jobs):
+    before = statuses(jobs)
+    chosen = ("orphan", "running", "due")
+    assert act(admin_client, JOBS, "recover_selected", [jobs[n].pk for n in chosen]) == [
+        "Recovered 1 of 3 selected jobs. 2 not running with a lapsed lease."
+    ]
+    assert statuses(jobs) == {**before, "orphan": Job.READY}
+    orphan = Job.objects.get(pk=jobs["orphan"].pk)
+    assert orphan.worker == "" and orphan.expires_at is None
+    (lost,) = JobError.objects.filter(job=orphan)
+    assert "admin" in lost.message and lost.exception.endswith("WorkerLost")
+    assert act(admin_client, JOBS, "cancel_selected", [orphan.pk]) == ["Cancelled 1 of 1 selected job."]
+
+
+def test_lapsed_job_page_says_what_happens_next(admin_client, jobs):
+    assert "stopped heartbeating" in admin_client.get(change_url(jobs["orphan"])).content.decode()
+    assert "stopped heartbeating" not in admin_client.get(change_url(jobs["running"])).content.decode()
+
+
+def test_job_actions_are_recorded_in_each_jobs_history(admin_client, jobs):
+    from django.contrib.admin.models import LogEntry
+
+    act(admin_client, JOBS, "cancel_selected", [jobs["due"].pk, jobs["succeeded"].pk])
+    act(admin_client, JOBS, "recover_selected", [jobs["orphan"].pk])
+    logged = {(int(e.object_id), e.change_message) for e in LogEntry.objects.all()}
+    assert logged == {(jobs["due"].pk, "Cancelled from the admin."),
+                      (jobs["orphan"].pk, "Recovered from the admin (its worker had stopped heartbeating).")}
+    history = admin_client.get(reverse("admin:leases_tasks_job_history", args=[jobs["due"].pk]))
+    assert "Cancelled from the admin." in history.content.decode()
+
+
 def test_actions_on_all_filtered_jobs_call_the_engine_in_batches(admin_client, monkeypatch):
     monkeypatch.setattr(leases.tasks.admin, "ACTION_BATCH", 2)
     waiting = [jobqueue.push("noop", {"n": n}).pk for n in range(5)]
@@ -327,6 +386,7 @@ def test_queue_list_shows_backlog_and_settings(admin_client, jobs):
     assert rows["default"]["oldest_due"] in ("12s ago", "13s ago")  # the retry is due too; "later" is not
     assert rows["other"]["oldest_due"] == "1h ago" and rows["idle"]["oldest_due"] == "-"
     assert rows["other"]["max_length"] == "500" and rows["other"]["when_full"].startswith("wait")
+    assert rows["other"]["state"].endswith("paused") and rows["default"]["state"].endswith("active")
     page = admin_client.get(QUEUES).content.decode()
     assert f"?queue=other&amp;status__exact={Job.READY}" in page  # the counts link to the jobs
 
@@ -360,6 +420,12 @@ def test_pause_and_resume_reach_the_settings_at_once(admin_client, jobs):
     assert resumed == ["Resumed 1 queue."]
     assert paused() == {"default": False, "idle": True, "other": False}
     assert not jobqueue.queue_settings("default").paused
+    from django.contrib.admin.models import LogEntry
+
+    assert sorted(LogEntry.objects.values_list("object_repr", "change_message")) == [
+        ("default", "Paused from the admin."), ("default", "Resumed from the admin."),
+        ("idle", "Paused from the admin."),
+    ]  # "other" was not paused, so resuming it changed nothing
 
 
 def test_queue_settings_are_edited_and_queues_added_but_not_renamed_or_deleted(admin_client, jobs):

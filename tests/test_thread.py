@@ -74,7 +74,7 @@ def test_an_invalid_resource_is_quarantined_and_another_taken(accounts, crawler,
     assert thread.lease.name == "good"
     broken = Resource.objects.get(pool="accounts", name="broken")
     assert broken.quarantine_reason == "Crawler.is_valid() returned False"
-    assert accounts.stats() == {"free": 0, "held": 1, "quarantined": 1, "total": 2}
+    assert accounts.stats() == {"free": 0, "held": 1, "cooling": 0, "quarantined": 1, "total": 2}
 
 
 def test_a_failed_renewal_acquires_again(accounts, crawler):

@@ -7,18 +7,40 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, SystemCheckError
 from django.db import Error
 
-from leases import db
+from leases import db, routing
+from leases.checks import check_migrated
 
 EX_USAGE = 2
 EX_TEMPFAIL = 75
+DATABASE_HELP = "the database alias to use (default: where LEASES_ROUTES sends the name, else LEASES_DATABASE)"
+
+
+def add_database_option(*parsers: Any) -> None:
+    """`--database ALIAS` on each parser (each subcommand's, so it goes after the action)."""
+    for parser in parsers:
+        parser.add_argument("--database", default=None, help=DATABASE_HELP)
 
 
 class LeasesCommand(BaseCommand):
     """A command whose bad input exits 2 and whose database outage exits 75, each with one
     line on stderr instead of a traceback."""
+
+    def check(self, *args: Any, **kwargs: Any) -> None:
+        """Django's checks, then that this app's tables are migrated: a clean error
+        instead of a traceback ending in "Table ... doesn't exist"."""
+        super().check(*args, **kwargs)
+        for alias in routing.aliases():
+            try:
+                errors = check_migrated(alias)
+            except Error as exc:
+                if not db.transient(exc):
+                    raise
+                continue  # an outage: the command waits it out (or exits 75) on its own
+            for error in errors:
+                raise SystemCheckError(f"{error.msg} {error.hint} ({error.id})")
 
     def execute(self, *args: Any, **options: Any) -> Any:
         try:

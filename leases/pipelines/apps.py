@@ -10,6 +10,7 @@ class PipelinesConfig(AppConfig):
     def ready(self) -> None:
         from leases.tasks import registry
 
-        from .engine import BACKEND, task_runner
+        from .engine import BACKEND, TASK_ENDED, task_runner, tasks_ended
 
         registry.add_runner(BACKEND, task_runner)
+        registry.add_finisher(TASK_ENDED, tasks_ended)

@@ -1,17 +1,34 @@
 """State of pipeline runs: one row per run, per stage of a run, per task of a stage.
 
-Behaviour lives in `leases.pipelines.engine`. Every change to a run's state happens in
-one transaction that first locks the run's row, and every change that ends something
-is a conditional UPDATE whose row count says who did it, so two workers finishing the
-last two tasks of a stage at the same instant advance the run once.
+Behaviour lives in `leases.pipelines.engine`. A task's outcome is recorded in the
+transaction that ends its job, by conditional UPDATEs of its task row and its stage's
+counters; every other change to a run (starting stages, ending it) happens in one
+transaction that first locks the run's row. Whoever brings a stage's `pending` to zero
+queues the run's advance event, so the last tasks of a stage finishing at the same
+instant in different processes advance the run once.
 """
 from __future__ import annotations
 
 from django.db import models
+from django.db.models.functions import Coalesce
 
 NAME_LENGTH = 100
 KEY_LENGTH = 255
 TASK_LENGTH = 200
+
+
+class RunQuerySet(models.QuerySet):
+    def with_progress(self) -> RunQuerySet:
+        """Annotate `tasks_done` and `tasks_total` from the runs' stages (a few rows per
+        run, read through the stage's run index): the tasks made so far, as a for_each
+        adds its items when its stage starts, and how many of them have finished."""
+        stages = StageRun.objects.filter(run=models.OuterRef("pk")).order_by().values("run")
+
+        def total(column: str) -> models.Func:
+            summed = stages.annotate(n=models.Sum(column, output_field=models.IntegerField())).values("n")
+            return Coalesce(models.Subquery(summed, output_field=models.IntegerField()), 0)
+
+        return self.annotate(tasks_done=total("done"), tasks_total=total("total"))
 
 
 class Run(models.Model):
@@ -34,16 +51,18 @@ class Run(models.Model):
     definition = models.JSONField(help_text="The pipeline as it was when the run started.")
     context = models.JSONField(default=dict, blank=True)
     error = models.TextField(blank=True, default="")
-    tasks_total = models.PositiveIntegerField(default=0, help_text="Tasks made so far (a for_each adds its items).")
-    tasks_done = models.PositiveIntegerField(default=0)
     queued_at = models.DateTimeField()
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+
+    objects = RunQuerySet.as_manager()
 
     class Meta:
         indexes = [
             models.Index(fields=["status", "pipeline"], name="leases_pipe_run_status"),
             models.Index(fields=["pipeline", "key"], name="leases_pipe_run_key"),
+            # Runs that ended before a time, for pruning (a live run's is NULL).
+            models.Index(fields=["finished_at"], name="leases_pipe_run_finished"),
         ]
         verbose_name = "pipeline run"
 
@@ -73,9 +92,16 @@ class Run(models.Model):
 
         restart(self, stage)
 
+    def progress(self) -> tuple[int, int]:
+        """(tasks finished, tasks made so far), as `with_progress` annotates them."""
+        found = Run.objects.using(self._state.db).filter(pk=self.pk).with_progress()
+        return found.values_list("tasks_done", "tasks_total").first() or (0, 0)
+
 
 class StageRun(models.Model):
-    """A stage of a run. `pending` counts its tasks not finished yet: the join."""
+    """A stage of a run. `pending` counts its tasks not finished yet (the join), `waiting`
+    those not queued yet (a serial or max_parallel stage queues them as others finish),
+    `done` those finished."""
 
     WAITING, RUNNING, SUCCEEDED, FAILED, CANCELLED = "waiting", "running", "succeeded", "failed", "cancelled"
     STATUSES = [(s, s) for s in (WAITING, RUNNING, SUCCEEDED, FAILED, CANCELLED)]
@@ -86,6 +112,8 @@ class StageRun(models.Model):
     status = models.CharField(max_length=10, choices=STATUSES, default=WAITING)
     total = models.PositiveIntegerField(default=0)
     pending = models.PositiveIntegerField(default=0)
+    waiting = models.PositiveIntegerField(default=0)
+    done = models.PositiveIntegerField(default=0)
     failed_tasks = models.PositiveIntegerField(default=0)
     restarts = models.PositiveIntegerField(default=0)
     error = models.TextField(blank=True, default="")

@@ -5,8 +5,10 @@
 - ``pipeline_finished(run)``: a run succeeded, failed or was cancelled.
 
 They are sent by the process that made the step, at most once per step: a step whose
-COMMIT reply was lost is found done when it runs again, and sends nothing. Receivers
-run inside the engine's event job; an exception in one is logged, not raised.
+COMMIT reply was lost is found done when it runs again, and sends nothing. An exception
+in a receiver is logged, not raised. `task_finished` is sent from the main loop of the
+worker that wrote the task's outcome, so its receivers must be quick; the others run in
+the advance event's job (or the caller of start, cancel, restart...).
 """
 from django.dispatch import Signal
 

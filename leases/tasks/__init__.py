@@ -9,6 +9,8 @@ _EXPORTS = {
     "push": "leases.tasks.queue",
     "push_many": "leases.tasks.queue",
     "handler": "leases.tasks.registry",
+    "schedule": "leases.tasks.schedules",
+    "unschedule": "leases.tasks.schedules",
     "Worker": "leases.tasks.worker",
     "QueueFull": "leases.exceptions",
     "Fail": "leases.exceptions",

@@ -8,4 +8,7 @@ class TasksConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from . import sql  # noqa: F401 - registers the job queue's statements
+        from . import registry, sql  # noqa: F401 - sql registers the job queue's statements
+        from .schedules import RUN_ENDED, runs_ended
+
+        registry.add_finisher(RUN_ENDED, runs_ended)

@@ -39,7 +39,7 @@ except ImportError:  # Django 5.2 with the backport
     from django_tasks.exceptions import InvalidTaskError, TaskResultDoesNotExist
     from django_tasks.signals import task_enqueued, task_finished, task_started
 
-from leases import db
+from leases import routing
 from leases.exceptions import BadResult, Fail, QueueFull
 
 from . import queue as jobqueue
@@ -82,11 +82,20 @@ class DatabaseBackend(BaseTaskBackend):
             self.max_attempts = registry.check_attempts(options.pop("max_attempts", 1))
             self.backoff = registry.check_backoff(options.pop("backoff", 10.0))
             self.timeout = registry.check_timeout(options.pop("timeout", None))
-            self.using = options.pop("database", None)
+            self.using = self._database(options.pop("database", None))
         except ValueError as exc:
             raise ImproperlyConfigured(f"TASKS[{alias!r}]['OPTIONS']: {exc}") from None
         if options:
             raise ImproperlyConfigured(f"TASKS[{alias!r}]['OPTIONS']: unknown option(s) {', '.join(sorted(options))}")
+
+    def _database(self, database: str | None) -> str:
+        """The one database of this backend's tasks (a result id is a job id there):
+        OPTIONS["database"], else where LEASES_ROUTES sends its queues."""
+        found = {routing.route("queues", name, database) for name in self.queues or ["default"]}
+        if len(found) > 1:
+            raise ValueError(f"its QUEUES are routed to several databases ({', '.join(sorted(found))}): "
+                             "give each database a TASKS alias of its own")
+        return found.pop()
 
     def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
         """Write the task as a job (visible when the caller's transaction commits)."""
@@ -117,7 +126,7 @@ class DatabaseBackend(BaseTaskBackend):
 
     def get_result(self, result_id: str) -> TaskResult:
         try:
-            job = Job.objects.using(db.alias(self.using)).get(pk=int(result_id), backend=self.alias)
+            job = Job.objects.using(self.using).get(pk=int(result_id), backend=self.alias)
         except (ValueError, Job.DoesNotExist):
             raise TaskResultDoesNotExist(result_id) from None
         return result_of(job)
@@ -176,7 +185,7 @@ class TaskHandler:
         return registry.retry_delay(self.backend.backoff, attempt)
 
     def run(self, claimed: Any) -> Any:
-        job = Job.objects.using(db.alias(self.backend.using)).get(pk=claimed.id)
+        job = Job.objects.using(self.backend.using).get(pk=claimed.id)
         job.status, job.worker = Job.RUNNING, claimed.worker
         result = result_of(job)
         sender = type(self.backend)

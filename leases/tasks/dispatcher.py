@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterable, Mapping
 from django.db import IntegrityError, connections
 from django.db.models import Count
 
-from leases import db
+from leases import db, routing
 from leases.locks import lock
 from leases.sql import in_list, register, statements
 from leases.validation import check_name, check_seconds
@@ -124,7 +124,7 @@ class Dispatcher:
         batch_size: int = 1000,
     ) -> None:
         self.name = check_name(name, "dispatcher name", NAME_LENGTH)
-        self.using = db.alias(using)
+        self.using = routing.route("dispatchers", self.name, using)
         self.stale_after = seconds(stale_after, "stale_after")
         self.batch_size = check_limit(batch_size)
         self._next_reclaim = 0.0
@@ -159,7 +159,7 @@ class Dispatcher:
         number of tasks listed.
         """
         rows = None if callable(mapping) else self._rows(mapping)
-        with lock(f"dispatch-rebuild:{self.name}", ttl=120, wait=wait) as held:
+        with lock(f"dispatch-rebuild:{self.name}", ttl=120, wait=wait, using=self.using) as held:
             TaskPool.objects.using(self.using).get_or_create(name=self.name)
             self._run("start", (self.name,))
             ((generation, started),) = self._run("started", (self.name,), fetch="all")

@@ -1,6 +1,9 @@
 """State of the work dispatcher. Behaviour lives in `leases.tasks.dispatcher`."""
 from __future__ import annotations
 
+from datetime import datetime
+from typing import Any
+
 from django.core.validators import MinValueValidator
 from django.db import models
 
@@ -59,7 +62,7 @@ class PoolTask(models.Model):
             # A worker's bucket.
             models.Index(fields=["dispatcher", "worker", "state"], name="leases_tasks_task_bucket"),
         ]
-        verbose_name = "task"
+        verbose_name = "dispatcher task"
 
     def __str__(self) -> str:
         return f"{self.dispatcher}/{self.value}"
@@ -77,7 +80,7 @@ class DispatchWorker(models.Model):
             models.UniqueConstraint(fields=["dispatcher", "name"], name="leases_tasks_worker_name")
         ]
         ordering = ["dispatcher", "name"]
-        verbose_name = "dispatch worker"
+        verbose_name = "dispatcher worker"
 
     def __str__(self) -> str:
         return f"{self.dispatcher}/{self.name}"
@@ -120,6 +123,25 @@ class Queue(models.Model):
         return self.name
 
 
+class JobStatusField(models.SmallIntegerField):
+    """A status stored as its number and also named by its label in queries and saves:
+    filter(status="failed") and status__in=["ready", "blocked"] work, so callers need not
+    know the numbers; numbers, and digit strings (the admin's ?status__exact=4), work too."""
+
+    def get_prep_value(self, value: Any) -> Any:
+        if isinstance(value, str):
+            numbers = {label: number for number, label in self.choices}
+            if value in numbers:
+                return numbers[value]
+            try:
+                return super().get_prep_value(value)
+            except ValueError:
+                raise ValueError(
+                    f"unknown job status {value!r}: use one of {', '.join(numbers)} (or its number)"
+                ) from None
+        return super().get_prep_value(value)
+
+
 class Job(models.Model):
     """One job of the delayed queue. Behaviour lives in `leases.tasks.queue` and `.worker`.
 
@@ -135,7 +157,7 @@ class Job(models.Model):
     pipelines learn that a task finished, with no window in which a crash loses it.
     """
 
-    READY, RUNNING, SUCCEEDED, FAILED, DEAD, CANCELLED = range(6)
+    READY, RUNNING, SUCCEEDED, FAILED, DEAD, CANCELLED, BLOCKED = range(7)
     STATUSES = [
         (READY, "ready"),
         (RUNNING, "running"),
@@ -143,8 +165,12 @@ class Job(models.Model):
         (FAILED, "failed"),
         (DEAD, "dead"),
         (CANCELLED, "cancelled"),
+        (BLOCKED, "blocked"),
     ]
     FINISHED = (SUCCEEDED, FAILED, DEAD, CANCELLED)
+    #: Not started yet: ready, or blocked by its key's concurrency (ready again when a
+    #: job of the key ends).
+    WAITING = (READY, BLOCKED)
 
     queue = models.CharField(max_length=QUEUE_LENGTH)
     name = models.CharField(max_length=JOB_NAME_LENGTH, help_text="Handler name, or the task's module path.")
@@ -155,7 +181,7 @@ class Job(models.Model):
     pending_key = models.CharField(max_length=KEY_LENGTH, null=True, blank=True, unique=True)
     priority = models.SmallIntegerField(default=0)
     run_at = models.DateTimeField()
-    status = models.SmallIntegerField(choices=STATUSES, default=READY)
+    status = JobStatusField(choices=STATUSES, default=READY)
     attempt = models.PositiveIntegerField(default=0, help_text="Tries used so far (of max attempts).")
     max_attempts = models.PositiveIntegerField(default=1)
     claims = models.PositiveIntegerField(default=0, help_text="Times claimed by a worker; fences outcomes.")
@@ -168,6 +194,10 @@ class Job(models.Model):
         help_text="Handler of a job queued, in the same transaction, when this one ends for good.",
     )
     worker = models.CharField(max_length=WORKER_LENGTH, blank=True, default="")
+    limit_key = models.CharField(max_length=KEY_LENGTH, blank=True, default="",
+                                 help_text="Jobs of one key share its concurrency and rate limits.")
+    concurrency = models.PositiveIntegerField(null=True, blank=True, help_text="Jobs of its key running at once.")
+    rate = models.CharField(max_length=20, blank=True, default="", help_text="Starts of its key per period: 10/m.")
     expires_at = models.DateTimeField(
         null=True, blank=True, help_text="Lease of the running attempt; renewed by its worker's heartbeat."
     )
@@ -184,10 +214,25 @@ class Job(models.Model):
             # Pruning by age, and keeping the last runs of a key.
             models.Index(fields=["finished_at"], name="leases_job_finished"),
             models.Index(fields=["key", "finished_at"], name="leases_job_key"),
+            # A key's running jobs (its concurrency), and its blocked ones in claim order.
+            models.Index(fields=["limit_key", "status", "-priority", "run_at"], name="leases_job_limit"),
+            # A key's starts within its rate's window.
+            models.Index(fields=["limit_key", "started_at"], name="leases_job_limit_starts"),
         ]
 
     def __str__(self) -> str:
         return f"{self.name} #{self.pk}"
+
+    @classmethod
+    def describe(cls, status: int, attempt: int, expires_at: datetime | None, now: datetime) -> str:
+        """The status as operators read it, `now` by the database clock: a ready job that
+        used tries awaits a retry; a running one whose lease lapsed lost its worker (the
+        next recovery puts it back)."""
+        if status == cls.READY and attempt:
+            return "awaiting retry"
+        if status == cls.RUNNING and expires_at is not None and expires_at <= now:
+            return "running, lease lapsed"
+        return dict(cls.STATUSES).get(status, str(status))
 
 
 class JobError(models.Model):
@@ -228,6 +273,115 @@ class Worker(models.Model):
     class Meta:
         ordering = ["name"]
         verbose_name = "queue worker"
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Schedule(models.Model):
+    """A recurring (cron, every) or one-off (at) job or pipeline run. Behaviour lives in
+    `leases.tasks.schedules`; the leader among the workers fires due ticks.
+
+    `next_fire_at` is the next tick by the database clock (NULL once a one-off fired, or
+    while disabled), and the leader's claim of it: it fires a tick in the transaction
+    that moves it on, with the schedule's row locked. `fires` numbers the runs.
+    """
+
+    LAST, NONE, ALL = "last", "none", "all"
+    CATCH_UP = [
+        (LAST, "last: one run for the ticks missed"),
+        (NONE, "none: skip missed ticks"),
+        (ALL, "all: every missed tick (at most 1,000)"),
+    ]
+    API, SETTINGS = "api", "settings"
+    SOURCES = [(API, "api"), (SETTINGS, "settings")]  # schedule() or the admin; LEASES_SCHEDULES
+
+    name = models.CharField(max_length=NAME_LENGTH, unique=True)
+    handler = models.CharField(max_length=JOB_NAME_LENGTH, blank=True, help_text="The job's handler, or:")
+    pipeline = models.CharField(max_length=NAME_LENGTH, blank=True, help_text="The pipeline a tick starts.")
+    cron = models.CharField(max_length=NAME_LENGTH, blank=True, help_text="Cron expression, in `timezone`.")
+    every = models.FloatField(null=True, blank=True, help_text="Seconds between ticks.")
+    at = models.DateTimeField(null=True, blank=True, help_text="The one tick of a one-off.")
+    timezone = models.CharField(max_length=64, help_text="Time zone of the cron expression.")
+    payload = models.JSONField(default=dict, blank=True, help_text="The job's payload, or the run's context.")
+    queue = models.CharField(max_length=QUEUE_LENGTH, blank=True, help_text="Blank: the handler's queue.")
+    priority = models.SmallIntegerField(default=0)
+    enabled = models.BooleanField(default=True)
+    catch_up = models.CharField(max_length=4, choices=CATCH_UP, default=LAST)
+    source = models.CharField(max_length=8, choices=SOURCES, default=API)
+    next_fire_at = models.DateTimeField(null=True, blank=True)
+    last_fire_at = models.DateTimeField(null=True, blank=True)
+    fires = models.PositiveIntegerField(default=0, help_text="Runs fired so far.")
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["name"]
+        indexes = [
+            # The leader's pass: due ticks of enabled schedules, soonest first.
+            models.Index(fields=["enabled", "next_fire_at"], name="leases_schedule_due"),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class ScheduleRun(models.Model):
+    """One run fired by a schedule: its tick (NULL for a run fired by hand), the job, and
+    how the job ended (recorded by the statement that ends it). A schedule keeps its
+    newest LEASES_KEEP_RUNS runs. (schedule, tick) is unique: one job per tick, whatever
+    two leaders overlapping do."""
+
+    QUEUED = "queued"
+
+    schedule = models.ForeignKey(Schedule, on_delete=models.CASCADE, related_name="runs")
+    number = models.PositiveIntegerField(help_text="1 for the schedule's first run.")
+    tick_at = models.DateTimeField(null=True, blank=True, help_text="Empty: fired by hand.")
+    fired_at = models.DateTimeField()
+    job_id = models.BigIntegerField(null=True, blank=True, unique=True)
+    status = models.CharField(max_length=10, default=QUEUED)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    error = models.TextField(blank=True, default="")
+
+    class Meta:
+        ordering = ["schedule", "-number"]
+        constraints = [
+            models.UniqueConstraint(fields=["schedule", "tick_at"], name="leases_schedule_run_tick"),
+            models.UniqueConstraint(fields=["schedule", "number"], name="leases_schedule_run_number"),
+        ]
+        verbose_name = "schedule run"
+
+    def __str__(self) -> str:
+        return f"run #{self.number}"
+
+
+class LimitRule(models.Model):
+    """Limits for the jobs whose key starts with `prefix` (the longest prefix wins), set by
+    an operator without a deploy; they override the handler's and the push's."""
+
+    prefix = models.CharField(max_length=KEY_LENGTH, unique=True, help_text="e.g. 'example.com' or 'api:'.")
+    concurrency = models.PositiveIntegerField(null=True, blank=True, help_text="Running at once; empty: no limit.")
+    rate = models.CharField(max_length=20, blank=True, default="", help_text="Starts per period, e.g. 10/m.")
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["prefix"]
+        verbose_name = "key limit"
+
+    def __str__(self) -> str:
+        return self.prefix
+
+
+class LimitKey(models.Model):
+    """One row per key that has been limited: the lock that makes the decisions about the
+    key (who may start, who waits) one at a time across workers."""
+
+    name = models.CharField(max_length=KEY_LENGTH, unique=True)
+
+    class Meta:
+        ordering = ["name"]
+        verbose_name = "limited key"
 
     def __str__(self) -> str:
         return self.name

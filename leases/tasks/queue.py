@@ -21,12 +21,12 @@ from typing import Any, Callable, Iterable, Sequence
 from django.conf import settings
 from django.db import connections
 
-from leases import db
+from leases import db, routing
 from leases.exceptions import QueueFull
 from leases.sql import in_list, statements
 from leases.validation import check_moment, check_seconds, dump_json
 
-from . import registry
+from . import limits, registry
 from .models import KEY_LENGTH, PRIORITY_RANGE, Job, Queue
 from .registry import check_queue
 
@@ -91,10 +91,14 @@ class NewJob:
     backend: str = ""
     #: Handler of the job queued when this one ends for good (see Job.on_finish).
     on_finish: str = ""
+    #: The key its limits count by, and those limits (see leases.tasks.limits).
+    limit_key: str = ""
+    concurrency: int | None = None
+    rate: str = ""
 
     def params(self, connection: Any) -> list:
         head = [self.queue, self.name, self.backend, self.on_finish, self.payload, self.key, self.key, self.priority]
-        head.append(self.max_attempts)
+        head += [self.limit_key, self.concurrency, self.rate, self.max_attempts]
         if self.run_at is not None:
             return head + [db.dialect(connection).stored_datetime(self.run_at)]
         return head + [db.dialect(connection).seconds(self.delay)]
@@ -110,10 +114,15 @@ def new_job(
     priority: int = 0,
     key: str | None = None,
     max_attempts: int | None = None,
+    limit_key: str | None = None,
+    concurrency: int | None = None,
+    rate: str | None = None,
 ) -> NewJob:
-    """Validate one push, raising ValueError/UnknownHandler before anything is written."""
+    """Validate one push, raising ValueError/UnknownHandler before anything is written.
+    `limit_key`, `concurrency` and `rate` override the handler's (see leases.tasks.limits)."""
     spec = registry.get(name)
     text = dump_payload(payload)
+    key_of = limit_key if limit_key is not None else spec.limit_key
     delay = check_seconds(delay, "delay")
     if run_at is not None:
         if delay:
@@ -128,6 +137,9 @@ def new_job(
         max_attempts=spec.max_attempts if max_attempts is None else registry.check_attempts(max_attempts),
         delay=delay,
         run_at=run_at,
+        limit_key=limits.key_of(key_of, payload),
+        concurrency=spec.concurrency if concurrency is None else limits.check_concurrency(concurrency),
+        rate=spec.rate if rate is None else limits.check_rate(rate),
     )
 
 
@@ -249,23 +261,29 @@ def insert(jobs: Sequence[NewJob], using: str | None = None, fetch_key: str | No
 
     def work(cursor: Any, resumed: bool) -> tuple | None:
         st = statements(cursor.db, "job")
-        params: list = []
-        rows = []
-        for job in jobs:
-            rows.append(st.row_at if job.run_at is not None else st.row)
-            params += job.params(cursor.db)
         with db.write_transaction(cursor.db.alias):
             if resumed and fetch_key is not None:
                 cursor.execute(st.pushed, (fetch_key,))
                 if row := cursor.fetchone():
                     return row
-            cursor.execute(st.insert + ", ".join(rows) + st.insert_tail, params)
+            write(cursor, jobs)
             if fetch_key is None:
                 return None
             cursor.execute(st.pushed, (fetch_key,))
             return cursor.fetchone()
 
     return db.run(work, using)
+
+
+def write(cursor: Any, jobs: Sequence[NewJob]) -> None:
+    """Write `jobs` with one upsert on the caller's cursor, in its transaction."""
+    st = statements(cursor.db, "job")
+    params: list = []
+    rows = []
+    for job in jobs:
+        rows.append(st.row_at if job.run_at is not None else st.row)
+        params += job.params(cursor.db)
+    cursor.execute(st.insert + ", ".join(rows) + st.insert_tail, params)
 
 
 def follow_up(job_id: int, queue: str, on_finish: str) -> NewJob:
@@ -280,11 +298,18 @@ def follow_up(job_id: int, queue: str, on_finish: str) -> NewJob:
 
 def follow_ups(cursor: Any, ended: Iterable[tuple[int, str, str]]) -> None:
     """Queue the on_finish job of each (id, queue, on_finish) that just ended for good,
-    in the caller's transaction, so the ending and its notice commit together."""
-    st = statements(cursor.db, "job")
+    in the caller's transaction, so the ending and its notice commit together; endings
+    whose on_finish has a finisher (registry.add_finisher) go to it, a batch at a time."""
+    batches: dict[str, list[tuple[int, str]]] = {}
     for job_id, queue, on_finish in ended:
-        if on_finish:
-            cursor.execute(st.insert + st.row + st.insert_tail, follow_up(job_id, queue, on_finish).params(cursor.db))
+        if not on_finish:
+            continue
+        if registry.finisher(on_finish) is not None:
+            batches.setdefault(on_finish, []).append((job_id, queue))
+        else:
+            write(cursor, [follow_up(job_id, queue, on_finish)])
+    for on_finish, batch in batches.items():
+        registry.finisher(on_finish)(cursor, batch)
 
 
 def reschedule(job: NewJob, using: str | None = None) -> bool:
@@ -335,8 +360,9 @@ def _as_job(pushed: NewJob, row: tuple, using: str) -> Job:
 
 def submit(job: NewJob, using: str | None = None) -> Job | None:
     """Write one validated job under its queue's bound: the Job as stored (a new one, or
-    the waiting one its key merged into), or None if the job was buffered."""
-    using = db.alias(using)
+    the waiting one its key merged into), or None if the job was buffered. It goes to
+    `using`, else to the database its queue is routed to."""
+    using = routing.route("queues", job.queue, using)
     queue = queue_settings(job.queue, using)
     if not has_room(queue, 1, using) and not reschedule(job, using):
         if not _when_full(queue, [job], using):
@@ -361,10 +387,18 @@ def submit_many(jobs: Sequence[NewJob], using: str | None = None) -> int:
     """Write validated jobs, a batch per statement; each queue's bound is checked per batch.
 
     Every queue is looked up before the first batch, so an unknown one writes nothing.
+    Jobs go to `using`, else each to the database its queue is routed to.
     """
-    using = db.alias(using)
-    for name in sorted({job.queue for job in jobs}):
-        queue_settings(name, using)
+    groups: dict[str, list[NewJob]] = {}
+    for job in jobs:
+        groups.setdefault(routing.route("queues", job.queue, using), []).append(job)
+    for alias, group in groups.items():
+        for name in sorted({job.queue for job in group}):
+            queue_settings(name, alias)
+    return sum(_submit_batches(group, alias) for alias, group in groups.items())
+
+
+def _submit_batches(jobs: Sequence[NewJob], using: str) -> int:
     written = 0
     for batch in _batches(jobs):
         by_queue: dict[str, int] = {}
@@ -504,6 +538,9 @@ def push(
     priority: int = 0,
     key: str | None = None,
     max_attempts: int | None = None,
+    limit_key: str | None = None,
+    concurrency: int | None = None,
+    rate: str | None = None,
     using: str | None = None,
 ) -> Job | None:
     """Queue a job for the handler `name`, to run `delay` seconds from now (server clock).
@@ -516,7 +553,7 @@ def push(
     """
     job = new_job(
         name, payload, delay=delay, run_at=run_at, queue=queue, priority=priority, key=key,
-        max_attempts=max_attempts,
+        max_attempts=max_attempts, limit_key=limit_key, concurrency=concurrency, rate=rate,
     )
     return submit(job, using)
 
@@ -687,8 +724,35 @@ def discard(ids: Sequence[int], using: str | None = None) -> int:
                 cursor.execute(st.delete_errors + in_list(doomed), doomed)
                 cursor.execute(st.discard + in_list(doomed), doomed)
                 count = cursor.rowcount
-                follow_ups(cursor, [(job_id, queue, then) for job_id, status, queue, then in rows if status == Job.READY])
+                follow_ups(cursor, [(job_id, queue, then) for job_id, status, queue, then in rows if status in Job.WAITING])
                 return count
 
         deleted += db.run(work, using)
     return deleted
+
+
+def select_batches(
+    status: int | str,
+    queue: str | None = None,
+    before: datetime | None = None,
+    size: int = 500,
+    using: str | None = None,
+) -> Iterable[list[int]]:
+    """Ids of the jobs in `status` (a number or a name), `size` at a time in id order, for
+    an operator's retry, cancel or discard by status; only those of `queue`, and with
+    `before` only those that finished before it (or, not finished, were queued before it).
+
+    Each batch is read after the caller acted on the one before, past its last id: a job
+    the action sends back into `status` (a retried job that fails again at once) is not
+    taken twice, so the walk ends however fast workers are.
+    """
+    jobs = Job.objects.using(db.alias(using)).filter(status=status).order_by("pk")
+    if queue is not None:
+        jobs = jobs.filter(queue=queue)
+    if before is not None:
+        ended = Job._meta.get_field("status").get_prep_value(status) in Job.FINISHED
+        jobs = jobs.filter(**{"finished_at__lt" if ended else "enqueued_at__lt": before})
+    last = 0
+    while ids := list(jobs.filter(pk__gt=last).values_list("pk", flat=True)[:size]):
+        yield ids
+        last = ids[-1]

@@ -17,6 +17,7 @@ from django.utils.module_loading import autodiscover_modules
 from leases.exceptions import UnknownHandler
 from leases.validation import check_name, check_seconds
 
+from . import limits
 from .models import JOB_NAME_LENGTH, QUEUE_LENGTH
 
 #: Longest pause between two attempts, whatever the backoff says.
@@ -82,6 +83,10 @@ class Handler:
     max_attempts: int = 3
     backoff: Backoff = DEFAULT_BACKOFF
     timeout: float | None = None
+    #: The key its jobs' limits count by: a string, or a function of the payload.
+    limit_key: str | Callable[[Any], str] | None = None
+    concurrency: int | None = None
+    rate: str = ""
 
     def run(self, job: Any) -> Any:
         """Run one claimed job (the worker's entry point; backend tasks override it)."""
@@ -101,19 +106,30 @@ def handler(
     max_attempts: int = 3,
     backoff: Backoff = DEFAULT_BACKOFF,
     timeout: float | None = None,
+    limit_key: str | Callable[[Any], str] | None = None,
+    concurrency: int | None = None,
+    rate: str | None = None,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Register the decorated function as the handler of jobs named `name`.
 
     It is called with the job's payload; what it returns (JSON) is kept as the result.
     It runs in a worker thread, so it may block; `timeout` fails an attempt that runs
     longer (the thread itself cannot be stopped: its late outcome is ignored).
+    `limit_key` (a string, or a function of the payload) names the key its jobs count
+    by: at most `concurrency` of a key run at once, and at most `rate` ("10/m") start
+    per period, across every worker (see leases.tasks.limits).
     """
     check_name(name, "handler name", JOB_NAME_LENGTH)
+    if limit_key is not None and not callable(limit_key):
+        limits.check_limit_key(limit_key)
     spec = dict(
         queue=check_queue(queue),
         max_attempts=check_attempts(max_attempts),
         backoff=check_backoff(backoff),
         timeout=check_timeout(timeout),
+        limit_key=limit_key,
+        concurrency=limits.check_concurrency(concurrency),
+        rate=limits.check_rate(rate),
     )
 
     def register(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -167,6 +183,22 @@ def add_runner(backend: str, factory: Callable[[Any], Any]) -> None:
 
 def runner(backend: str) -> Callable[[Any], Any] | None:
     return _RUNNERS.get(backend)
+
+
+_FINISHERS: dict[str, Callable[[Any, list[tuple[int, str]]], None]] = {}
+
+
+def add_finisher(on_finish: str, finisher: Callable[[Any, list[tuple[int, str]]], None]) -> None:
+    """Handle the endings of jobs whose `on_finish` is `on_finish` with
+    `finisher(cursor, [(job id, queue), ...])`, called in the transaction that ends them,
+    instead of queueing one follow-up job per ending (an app's ready()). It must only
+    write through the cursor's connection and raise nothing but database errors: the
+    outcomes it rides with are retried, or written one by one, when it raises."""
+    _FINISHERS[on_finish] = finisher
+
+
+def finisher(on_finish: str) -> Callable[[Any, list[tuple[int, str]]], None] | None:
+    return _FINISHERS.get(on_finish)
 
 
 def registered() -> dict[str, Handler]:

@@ -14,12 +14,14 @@ JOB = {
     # One row per job, completed with "row" or "row_at" per job and then "insert_tail".
     "insert": (
         "INSERT INTO {j} (queue, name, backend, on_finish, payload, dedupe_key, pending_key, priority,"
-        " max_attempts, run_at, status, attempt, claims, pushes, worker, enqueued_at) VALUES "
+        " limit_key, concurrency, rate, max_attempts, run_at, status, attempt, claims, pushes, worker,"
+        " enqueued_at) VALUES "
     ),
     # A new job: params queue, name, backend, on_finish, payload, key, key, priority,
-    # max_attempts, then the delay ("row") or an absolute run time ("row_at").
-    "row": "(%s, %s, %s, %s, %s, %s, %s, %s, %s, {later}, 0, 0, 0, 1, '', {now})",
-    "row_at": "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, 0, 0, 0, 1, '', {now})",
+    # limit key, concurrency, rate, max_attempts, then the delay ("row") or an absolute
+    # run time ("row_at").
+    "row": "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, {later}, 0, 0, 0, 1, '', {now})",
+    "row_at": "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, 0, 0, 0, 1, '', {now})",
     # A waiting job with the same key takes the new run time and priority (the latest
     # push says what is wanted now), keeps its name and payload, and counts the push.
     "insert_tail": " {upsert[pending_key]} run_at = {new[run_at]}, priority = {new[priority]}, pushes = pushes + 1",
@@ -37,7 +39,8 @@ JOB = {
     # The claim, per queue: an index range scan of ready rows in claim order.
     "pick": (
         "SELECT id, priority, run_at, queue, name, backend, payload, attempt, max_attempts, dedupe_key,"
-        " claims, on_finish FROM {j} WHERE status = 0 AND queue = %s AND run_at <= {now}"
+        " claims, on_finish, limit_key, concurrency, rate FROM {j} WHERE status = 0 AND queue = %s"
+        " AND run_at <= {now}"
         " ORDER BY priority DESC, run_at, id LIMIT %s{skip_locked}"
     ),
     # params: worker, ttl, then ids
@@ -50,7 +53,7 @@ JOB = {
     # prefix. params: worker
     "mine": (
         "SELECT id, priority, run_at, queue, name, backend, payload, attempt, max_attempts, dedupe_key,"
-        " claims, on_finish FROM {j} WHERE status = 1 AND worker = %s"
+        " claims, on_finish, limit_key, concurrency, rate FROM {j} WHERE status = 1 AND worker = %s"
     ),
     # Without SKIP LOCKED a racing claim may have won some rows. params: worker, then ids
     "taken": "SELECT id FROM {j} WHERE status = 1 AND worker = %s AND id IN (",
@@ -94,6 +97,10 @@ JOB = {
         "UPDATE {j} SET status = 0, worker = '', expires_at = NULL,"
         " attempt = CASE WHEN attempt > 0 THEN attempt - 1 ELSE 0 END WHERE status = 1 AND worker = %s"
     ),
+    # The limited keys of what it hands back (their slots come free). params: worker
+    "handed_keys": (
+        "SELECT limit_key, concurrency, rate FROM {j} WHERE status = 1 AND worker = %s AND limit_key <> ''"
+    ),
     # The heartbeat extends the leases of the attempts the worker runs (or finished and has
     # yet to write), and no other: a claim it never heard back from lapses and is recovered.
     # params: ttl, worker, then ids
@@ -103,9 +110,14 @@ JOB = {
     "adopt": "UPDATE {j} SET worker = %s WHERE status = 1 AND worker = %s",
     # Running attempts whose lease lapsed (their worker stopped heartbeating).
     "lapsed": (
-        "SELECT id, claims, attempt, worker, max_attempts, queue, on_finish FROM {j}"
-        " WHERE status = 1 AND expires_at <= {now}"
+        "SELECT id, claims, attempt, worker, max_attempts, queue, on_finish, limit_key, concurrency, rate, name"
+        " FROM {j} WHERE status = 1 AND expires_at <= {now}"
         " ORDER BY id LIMIT %s{skip_locked}"
+    ),
+    # ... of these jobs only (an operator's choice). params: ids
+    "lapsed_in": (
+        "SELECT id, claims, attempt, worker, max_attempts, queue, on_finish, limit_key, concurrency, rate, name"
+        " FROM {j} WHERE status = 1 AND expires_at <= {now} AND id IN ("
     ),
     # Back to ready when attempts remain, else dead. params: id, claims
     "recover": (
@@ -129,10 +141,10 @@ JOB = {
     "delete": "DELETE FROM {j} WHERE finished_at IS NOT NULL AND id IN (",
     # Operator actions. params: ids. Waiting jobs to cancel, locked first so their
     # on_finish jobs are queued for exactly the rows cancelled.
-    "cancellable": "SELECT id, queue, on_finish FROM {j} WHERE status = 0 AND id IN (",
+    "cancellable": "SELECT id, queue, on_finish FROM {j} WHERE status IN (0, 6) AND id IN (",
     "cancel": (
         "UPDATE {j} SET status = 5, pending_key = NULL, finished_at = {now}"
-        " WHERE status = 0 AND id IN ("
+        " WHERE status IN (0, 6) AND id IN ("
     ),
     # A finished job that did not succeed runs again now with the tries it has left, and
     # at least one: max_attempts grows only when it was used up.
@@ -172,5 +184,28 @@ WORKER = {
     "forget": "DELETE FROM {w} WHERE expires_at < {later}",
 }
 
+_FROM_JOB = "(SELECT j.{col} FROM {j} j WHERE j.id = {r}.job_id)"
+
+# A schedule's runs (see leases.tasks.schedules).
+SCHEDULE = {
+    # Drop runs older than a schedule's newest N (no subtraction: the columns are unsigned).
+    # params: N, then schedule ids
+    "trim": (
+        "DELETE FROM {r} WHERE number + %s <= (SELECT s.fires FROM {s} s WHERE s.id = {r}.schedule_id)"
+        " AND schedule_id IN ("
+    ),
+    # Copy how the runs' jobs ended; a job deleted while it waited was discarded. params: job ids
+    "ended": (
+        "UPDATE {r} SET status = COALESCE((SELECT CASE j.status WHEN 2 THEN 'succeeded' WHEN 3 THEN 'failed'"
+        " WHEN 4 THEN 'dead' WHEN 5 THEN 'cancelled' END FROM {j} j WHERE j.id = {r}.job_id), 'discarded'),"
+        " started_at = " + _FROM_JOB.replace("{col}", "started_at") + ","
+        " finished_at = COALESCE(" + _FROM_JOB.replace("{col}", "finished_at") + ", {now})"
+        " WHERE job_id IN ("
+    ),
+    # params: job ids
+    "failed": "SELECT id FROM {j} WHERE status IN (3, 4) AND id IN (",
+}
+
 register("job", JOB, {"j": "leases_tasks.Job", "e": "leases_tasks.JobError", "q": "leases_tasks.Queue"})
 register("worker", WORKER, {"w": "leases_tasks.Worker"})
+register("schedule", SCHEDULE, {"r": "leases_tasks.ScheduleRun", "s": "leases_tasks.Schedule", "j": "leases_tasks.Job"})

@@ -27,17 +27,19 @@ from typing import Any, Callable, Iterable, TypeVar
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
-from django.db import Error, close_old_connections, connections
+from django.db import Error, connections
 
-from leases import db
+from leases import db, routing
 from leases.exceptions import BadResult, Fail, LeaseLost, UnknownHandler, WorkerLost
 from leases.lease import Hold, make_holder
+from leases.management.text import span
 from leases.sql import in_list, statements
 from leases.validation import check_seconds, clean_text
 
+from . import limits, registry
 from . import queue as jobqueue
-from . import registry
 from .models import Job
+from .scheduler import Scheduler
 
 log = logging.getLogger("leases.tasks.worker")
 
@@ -63,6 +65,10 @@ BURST_RETRY_WAIT = 60.0
 CLASS_PATH_LIMIT = 255
 MESSAGE_LIMIT = 10_000
 TRACEBACK_LIMIT = 50_000
+#: Seconds between two log lines naming the keys held at their limit.
+LIMIT_LOG_EVERY = 30.0
+#: Seconds a handler thread's connection may sit idle before it is pinged before a job.
+IDLE_CHECK = 30.0
 #: Shortest worker ttl: the heartbeat runs between claims and outcome writes, and one
 #: slow commit must not let a running job's lease lapse.
 MIN_TTL = 1.0
@@ -106,6 +112,10 @@ class ClaimedJob:
     worker: str = ""
     #: Handler of the job to queue when this one ends for good (Job.on_finish).
     on_finish: str = ""
+    #: The key its limits count by, and the job's own limits (see leases.tasks.limits).
+    limit_key: str = ""
+    concurrency: int | None = None
+    rate: str = ""
     #: What runs it (`handler_for`), found when it was claimed.
     handler: Any = None
     #: Set by the main thread when the attempt timed out: its outcome is already written.
@@ -125,6 +135,8 @@ class Outcome:
     delay: float = 0.0
     #: No handler here: back to the queue for a worker that has one (no try used).
     bounce: bool = False
+    #: Seconds the attempt ran (for the log).
+    seconds: float = 0.0
 
     def refused(self, exc: BaseException) -> Outcome:
         """What to write instead when the database refused this outcome: a failure whose
@@ -150,11 +162,14 @@ def handler_for(job: ClaimedJob) -> Any:
 
 def execute(job: ClaimedJob) -> Outcome:
     """Run one attempt; whatever the handler does or returns becomes its outcome."""
-    _close_old_connections()
+    _check_idle_connections()
+    began = time.monotonic()
     try:
-        return _attempt(job)
+        outcome = _attempt(job)
+        outcome.seconds = time.monotonic() - began
+        return outcome
     finally:
-        _close_old_connections()
+        _tidy_connections()
 
 
 def _attempt(job: ClaimedJob) -> Outcome:
@@ -174,16 +189,46 @@ def _attempt(job: ClaimedJob) -> Outcome:
         return _failed(job, BadResult(str(exc)), retryable=False)
 
 
-def _close_old_connections() -> None:
-    """Django's per-request connection hygiene, per job; its own failures are no news."""
-    try:
-        close_old_connections()
-    except Exception:  # noqa: BLE001 - a dead connection is reopened on next use
-        log.debug("closing old connections failed", exc_info=True)
+def _tidy_connections() -> None:
+    """After a job: keep the handler thread's connections for the next one, as a
+    long-lived process should, but close any that is broken, was left with autocommit
+    changed, or is older than CONN_MAX_AGE when that is set. Django's per-request rule
+    (CONN_MAX_AGE = 0 closes after every request) would open a connection per job, which
+    costs more than a small job itself (3 to 11 ms on MariaDB). Failures are no news."""
+    for connection in connections.all(initialized_only=True):
+        try:
+            if connection.settings_dict["CONN_MAX_AGE"] == 0:
+                connection.close_at = None  # lives across jobs, like a persistent connection
+            connection.close_if_unusable_or_obsolete()
+            connection.leases_used_at = time.monotonic()
+        except Exception:  # noqa: BLE001 - a dead connection is reopened on next use
+            log.debug("tidying a connection failed", exc_info=True)
+
+
+def _check_idle_connections() -> None:
+    """Before a job: a connection idle for IDLE_CHECK seconds may have been dropped by
+    the server (wait_timeout, a restart); ping it and close it if so, so the handler's
+    first query opens a new one rather than failing."""
+    for connection in connections.all(initialized_only=True):
+        try:
+            idle = time.monotonic() - getattr(connection, "leases_used_at", 0.0)
+            if connection.connection is not None and idle > IDLE_CHECK and not connection.is_usable():
+                connection.close()
+        except Exception:  # noqa: BLE001 - a dead connection is reopened on next use
+            log.debug("checking an idle connection failed", exc_info=True)
 
 
 def _failed(job: ClaimedJob, exc: BaseException, retryable: bool, delay: float = 0.0) -> Outcome:
     return Outcome(job, ok=False, error=describe(exc), retryable=retryable, delay=delay)
+
+
+def _limits_of(job: ClaimedJob) -> tuple[str, int | None, str]:
+    return job.limit_key, job.concurrency, job.rate
+
+
+def _limits_of_row(row: tuple) -> tuple[str, int | None, str]:
+    """(limit key, concurrency, rate) of a row of the claim's "pick"."""
+    return row[12], row[13], row[14]
 
 
 def handler_grace() -> float:
@@ -242,6 +287,8 @@ class Worker:
 
     `queues` is a list of names or ["*"] for all. `stop()` (SIGTERM) stops claiming and
     lets running jobs finish for up to `grace` seconds, then hands the rest back to ready.
+    A worker serves one database: `using`, else the one its queues are routed to (`*`:
+    LEASES_DATABASE); `manage.py leases_worker` runs one per database its queues need.
     """
 
     def __init__(
@@ -254,6 +301,7 @@ class Worker:
         max_jobs: int | None = None,
         grace: float = 25.0,
         using: str | None = None,
+        schedule: bool = False,
     ) -> None:
         self.queues = list(queues)
         self.all_queues = self.queues == ["*"]
@@ -263,7 +311,7 @@ class Worker:
         self.burst = burst
         self.max_jobs = max_jobs
         self.grace = grace
-        self.using = db.alias(using)
+        self.using = database_of(self.queues, using)
         self.handler_grace = handler_grace()
         self.stats = Stats()
         self.running: dict[int, ClaimedJob] = {}
@@ -281,6 +329,10 @@ class Worker:
         self._claim_unsure = False
         #: When a --burst worker may leave: its own retries due soon have run by then.
         self._retries_until = 0.0
+        self._next_limit_log = 0.0
+        #: Takes part in leading the scheduler (leases_worker does unless --no-schedule).
+        self.schedule = schedule
+        self.scheduler: Scheduler | None = None
 
     @property
     def name(self) -> str:
@@ -346,6 +398,8 @@ class Worker:
         if self.hold is None and self.when_up(self.register) is None:
             return self.stats
         threads = _Threads(self.concurrency, self._done)
+        if self.schedule:
+            self.scheduler = Scheduler(self.name, self.ttl, self.using)
         next_beat = time.monotonic() + self.ttl / 3
         next_recover = 0.0
         next_trim = time.monotonic() + TRIM_EVERY
@@ -362,6 +416,8 @@ class Worker:
                     if now >= next_trim:
                         self.trim()
                         next_trim = now + TRIM_EVERY
+                    if self.scheduler is not None and not self.stopping:
+                        self.scheduler.step()
                     claimed = self._claim_free(threads)
                     timed_out = self._expire_timeouts(threads)
                     outcomes = self._collect(wait=0)
@@ -424,6 +480,8 @@ class Worker:
     def _shutdown(self, threads: _Threads) -> None:
         for _ in range(self.concurrency):
             threads.submit(None)  # type: ignore[arg-type]
+        if self.scheduler is not None:
+            self.scheduler.stop()
         if self.hold is not None and not self.hold.lost:
             try:
                 self.hold.release()
@@ -512,6 +570,11 @@ class Worker:
                 if len(active) > 1:
                     rows.sort(key=lambda row: (-row[1], str(row[2]), row[0]))
                     rows = rows[:limit]
+                rows, delayed = limits.within_limits(cursor, rows, _limits_of_row, self.using)
+                if delayed is not None and delayed <= BURST_RETRY_WAIT:  # --burst waits for them
+                    self._retries_until = max(self._retries_until, time.monotonic() + delayed + 1.0)
+                if not rows:
+                    return []
                 ids = [row[0] for row in rows]
                 cursor.execute(st.take + in_list(ids), (name, db.dialect(cursor.db).seconds(self.ttl), *ids))
                 if cursor.rowcount != len(ids):
@@ -535,7 +598,7 @@ class Worker:
             id=row[0], priority=row[1], queue=row[3], name=row[4], backend=row[5],
             payload=json.loads(row[6]) if isinstance(row[6], (str, bytes)) else row[6],
             attempt=row[7] + step, max_attempts=row[8], key=row[9], claims=row[10] + step, worker=worker,
-            on_finish=row[11],
+            on_finish=row[11], limit_key=row[12], concurrency=row[13], rate=row[14],
         )
 
     # -- outcomes -----------------------------------------------------------------------
@@ -680,37 +743,48 @@ class Worker:
                     else:
                         written[job.id] = ""
                 jobqueue.follow_ups(cursor, ended)
+                limits.free_slots(cursor, [_limits_of(o.job) for o in outcomes if o.job.limit_key], self.using)
 
         db.run(work, self.using)
         self._report(outcomes, written)
 
     def _report(self, outcomes: list[Outcome], written: dict[int, str]) -> None:
-        """Count and log outcomes once they are written; remember retries due soon."""
+        """Count outcomes once they are written and log one line each (the job, its queue,
+        attempt and run time, and what happened); remember retries due soon."""
         for outcome in outcomes:
             job = outcome.job
             self._finished_keys.add(job.key)
+            took = span(outcome.seconds)
+            fields = {"job_id": job.id, "job_name": job.name, "queue": job.queue, "attempt": job.attempt,
+                      "seconds": round(outcome.seconds, 6)}
             if outcome.ok:
                 self.stats.succeeded += 1
+                log.info("job %s #%d on %s succeeded in %s (attempt %d/%d)", job.name, job.id, job.queue, took,
+                         job.attempt, job.max_attempts, extra={**fields, "outcome": "succeeded"})
                 continue
             what = written.get(job.id, "")
+            error = f"{outcome.error[0]}: {outcome.error[1]}"
             if what == "bounced":
                 self.stats.bounced += 1
                 log.warning("worker %s: no handler here for %s #%d (%s); back to the queue in %gs for a worker"
                             " that has it (it fails after %gs without one)", self.name, job.name, job.id,
-                            outcome.error[1], BOUNCE_DELAY, self.handler_grace)
+                            outcome.error[1], BOUNCE_DELAY, self.handler_grace, extra={**fields, "outcome": "bounced"})
                 continue
             self.stats.failed += 1
             if what == "retry":
                 if outcome.delay <= BURST_RETRY_WAIT:
                     self._retries_until = max(self._retries_until, time.monotonic() + outcome.delay + 1.0)
-                log.warning("job %s #%d attempt %d/%d failed, retry in %.1fs: %s: %s", job.name, job.id,
-                            job.attempt, job.max_attempts, outcome.delay, outcome.error[0], outcome.error[1])
+                log.warning("job %s #%d on %s failed in %s (attempt %d/%d), retry in %.1fs: %s", job.name, job.id,
+                            job.queue, took, job.attempt, job.max_attempts, outcome.delay, error,
+                            extra={**fields, "outcome": "retry", "retry_in": round(outcome.delay, 3)})
             elif what == "unhandled":
-                log.error("job %s #%d failed: no worker had its handler for %gs", job.name, job.id,
-                          self.handler_grace)
+                log.error("job %s #%d on %s failed, not retried: no worker had its handler for %gs", job.name, job.id,
+                          job.queue, self.handler_grace, extra={**fields, "outcome": "failed"})
             elif what:
-                log.error("job %s #%d %s after attempt %d/%d: %s: %s", job.name, job.id, what, job.attempt,
-                          job.max_attempts, outcome.error[0], outcome.error[1])
+                # "dead": out of attempts; "failed": not to be retried (Fail, BadResult)
+                words = "dead: out of attempts" if what == "dead" else "not retried"
+                log.error("job %s #%d on %s failed in %s (attempt %d/%d), %s: %s", job.name, job.id, job.queue,
+                          took, job.attempt, job.max_attempts, words, error, extra={**fields, "outcome": what})
 
     def hand_back(self) -> int:
         """Put every attempt still running under this worker's name back to ready, without
@@ -719,11 +793,17 @@ class Worker:
             job.abandoned = True
         keep = [outcome.job.id for outcome in self._pending]  # finished: never run twice
         params: list = [self.name, *keep]
+        rest = " AND id NOT IN (" + in_list(keep) if keep else ""
 
         def work(cursor: Any, resumed: bool) -> int:
-            sql = statements(cursor.db, "job").hand_back
-            cursor.execute(sql + (" AND id NOT IN (" + in_list(keep) if keep else ""), params)
-            return cursor.rowcount
+            st = statements(cursor.db, "job")
+            with db.write_transaction(self.using):
+                cursor.execute(st.handed_keys + rest, params)  # whose slots come free
+                keys = cursor.fetchall()
+                cursor.execute(st.hand_back + rest, params)
+                count = cursor.rowcount
+                limits.free_slots(cursor, keys, self.using)
+            return count
 
         count = db.run(work, self.using)
         self.running.clear()
@@ -775,39 +855,96 @@ class Worker:
         """Put back the jobs of workers whose heartbeat lapsed: ready, or dead when out of
         attempts. Any live worker does this; SKIP LOCKED keeps them from colliding. This
         worker's own jobs are left alone when it still runs them (its heartbeat was late)."""
-        name, ours = self.name, set(self._ours())
-
-        def work(cursor: Any, resumed: bool) -> tuple[int, bool]:
-            """(jobs recovered, whether a full batch was read and more may wait)."""
-            st = statements(cursor.db, "job")
-            with db.write_transaction(self.using):
-                cursor.execute(st.lapsed, (RECOVER_BATCH,))
-                lapsed = cursor.fetchall()
-                recovered = 0
-                for job_id, claims, attempt, worker, max_attempts, queue, on_finish in lapsed:
-                    if worker == name and job_id in ours:
-                        continue
-                    cursor.execute(st.recover, (job_id, claims))
-                    if cursor.rowcount == 1:
-                        recovered += 1
-                        message = f"worker {worker} stopped heartbeating; recovered by {name}"
-                        cursor.execute(st.error, (job_id, attempt, *describe(WorkerLost(message))[:2], "", worker))
-                        if attempt >= max_attempts:  # dead: it ended for good
-                            jobqueue.follow_ups(cursor, [(job_id, queue, on_finish)])
-                cursor.execute(statements(cursor.db, "worker").forget, (db.dialect(cursor.db).seconds(-FORGET_AFTER),))
-            return recovered, len(lapsed) == RECOVER_BATCH and recovered > 0
-
-        total, more = 0, True
-        while more:
-            count, more = db.run(work, self.using)
-            total += count
-        if total:
-            log.warning("worker %s recovered %d job(s) of lapsed workers", self.name, total)
+        total = recover_lapsed(self.using, by=f"worker {self.name}", keep=set(self._ours()), worker=self.name)
         self.stats.recovered += total
+        self._limited(limits.unblock_pass(self.using))
         return total
+
+    def _limited(self, blocked: dict[str, int]) -> None:
+        """Say now and then which keys hold jobs back, and how many."""
+        now = time.monotonic()
+        if not blocked or now < self._next_limit_log:
+            return
+        self._next_limit_log = now + LIMIT_LOG_EVERY
+        busiest = sorted(blocked.items(), key=lambda item: -item[1])[:10]
+        log.info("worker %s: keys at their concurrency limit (jobs waiting): %s", self.name,
+                 ", ".join(f"{key} ({count})" for key, count in busiest))
 
     def trim(self) -> None:
         """Keep only the newest LEASES_KEEP_RUNS finished runs of the keys that just ran."""
         keys, self._finished_keys = self._finished_keys, set()
         if keys:
             jobqueue.trim_runs(keys, using=self.using)
+
+
+def database_of(queues: list[str], using: str | None = None) -> str:
+    """The one database `queues` live on: `using`, else their routes'; ValueError when
+    the routes send them to several."""
+    if using or queues == ["*"]:
+        return routing.known(using) if using else db.alias()
+    found = {name: routing.route("queues", name) for name in queues}
+    if len(set(found.values())) > 1:
+        spread = ", ".join(f"{name} on {alias}" for name, alias in sorted(found.items()))
+        raise ValueError(f"queues live on several databases ({spread}): one worker serves one database")
+    return next(iter(found.values()))
+
+
+def recover_lapsed(using: str, by: str, ids: list[int] | None = None, keep: set[int] | None = None,
+                   worker: str = "") -> int:
+    """Put back jobs whose worker stopped heartbeating (their lease lapsed, by the database
+    clock): ready again, or dead when out of attempts, each with a WorkerLost error naming
+    `by`; their keys' slots come back in the same transaction. `ids` limits it to those
+    jobs (an operator's choice); `keep` are jobs of `worker` it still runs. Returns how many."""
+    keep = keep or set()
+
+    def work(cursor: Any, resumed: bool) -> tuple[int, bool, list[str]]:
+        """(jobs recovered, whether a full batch was read and more may wait, their names)."""
+        named: list[str] = []
+        st = statements(cursor.db, "job")
+        with db.write_transaction(using):
+            if ids is None:
+                cursor.execute(st.lapsed, (RECOVER_BATCH,))
+            else:
+                cursor.execute(st.lapsed_in + in_list(ids), ids)
+            lapsed = cursor.fetchall()
+            recovered = 0
+            freed = []
+            for job_id, claims, attempt, owner, max_attempts, queue, on_finish, *limited, job_name in lapsed:
+                if owner == worker and job_id in keep:
+                    continue
+                cursor.execute(st.recover, (job_id, claims))
+                if cursor.rowcount == 1:
+                    recovered += 1
+                    freed.append(tuple(limited))
+                    fate = "dead, out of attempts" if attempt >= max_attempts else "ready again"
+                    named.append(f"{job_name} #{job_id} of {owner} ({fate})")
+                    message = f"worker {owner} stopped heartbeating; recovered by {by}"
+                    cursor.execute(st.error, (job_id, attempt, *describe(WorkerLost(message))[:2], "", owner))
+                    if attempt >= max_attempts:  # dead: it ended for good
+                        jobqueue.follow_ups(cursor, [(job_id, queue, on_finish)])
+            limits.free_slots(cursor, freed, using)  # a crashed worker's slots come back now
+        return recovered, ids is None and len(lapsed) == RECOVER_BATCH and recovered > 0, named
+
+    total, more = 0, True
+    named: list[str] = []
+    if ids is None:
+        forget_workers(FORGET_AFTER, using)
+    while more:
+        count, more, names = db.run(work, using)
+        total += count
+        named += names
+    if total:
+        log.warning("%s recovered %d job(s) whose worker stopped heartbeating: %s", by, total,
+                    ", ".join(named[:20]) + (f" and {len(named) - 20} more" if len(named) > 20 else ""))
+    return total
+
+
+def forget_workers(older_than: float, using: str | None = None) -> int:
+    """Delete the rows of workers gone (stopped, or their heartbeat lapsed) for more than
+    `older_than` seconds, by the database clock; live workers do this after a day."""
+
+    def work(cursor: Any, resumed: bool) -> int:
+        cursor.execute(statements(cursor.db, "worker").forget, (db.dialect(cursor.db).seconds(-older_than),))
+        return cursor.rowcount
+
+    return db.run(work, using)

@@ -19,16 +19,17 @@ from typing import Any
 from django.core.management.base import CommandError, CommandParser
 from django.db import Error
 
-from leases import db
+from leases import routing
 from leases.durations import parse_duration
-from leases.management.base import EX_TEMPFAIL, EX_USAGE, LeasesCommand
-from leases.management.lines import bad_line, entries
 from leases.exceptions import NoResourceAvailable, UnknownPool, UnknownResource
 from leases.lease import Heartbeat, Lease, release_within
+from leases.management.base import EX_TEMPFAIL, EX_USAGE, LeasesCommand, add_database_option
+from leases.management.lines import bad_line, entries
+from leases.management.text import parse_json, shown, table
 from leases.models import RESOURCE_NAME_LENGTH, Resource
-from leases.pool import Pool, check_data, db_now
+from leases.pool import Pool, check_data, db_now, unknown_pool
+from leases.progress import progress_bar
 from leases.validation import check_name, check_seconds, check_ttl, check_wait
-from leases.progress import Progress
 
 log = logging.getLogger("leases")
 
@@ -38,6 +39,9 @@ POLL = 0.1
 #: The longest `run` waits, after its command ended, to stop the heartbeat and release.
 #: Past it the lease is left to free itself when its ttl runs out.
 RELEASE_WAIT = 5.0
+
+
+POOL_HELP = "the pool's name (pools exist while they have resources)"
 
 
 class _Parser(CommandParser):
@@ -53,32 +57,26 @@ class _Parser(CommandParser):
 
     def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
         args = list(args or ())
-        if self.verbatim is None or "--" not in args:
+        if self.verbatim is None:
             return super().parse_known_args(args, namespace)
+        if "--" not in args:
+            namespace, extras = super().parse_known_args(args, namespace)
+            if extras:  # the command's own options, taken for ours
+                self.error(f"unrecognized arguments: {' '.join(extras)}; put the command after --, as in "
+                           f"`lease run POOL [--ttl 90s] -- {' '.join(getattr(namespace, self.verbatim) + extras)}`")
+            return namespace, extras
         cut = args.index("--")
         namespace, extras = super().parse_known_args(args[:cut], namespace)
         setattr(namespace, self.verbatim, args[cut + 1 :])
         return namespace, extras
 
 
-def seconds(text: str, what: str) -> float:
-    """A number, checked here rather than by argparse (whose errors come with the whole
-    usage text, not one line); the bounds are the engine's to check."""
+def duration(text: str, option: str, zero: bool = False) -> float:
+    """A duration option (90, 90s, 10m, 2h), its name in the error."""
     try:
-        return float(text)
-    except ValueError:
-        raise ValueError(f"{what} must be a number of seconds, not {text!r}") from None
-
-
-def parse_json(text: str, what: str) -> Any:
-    """`text` as JSON; ValueError (one line) when it is not, or is nested too deeply to
-    parse (json.loads raises RecursionError for that)."""
-    try:
-        return json.loads(text)
-    except RecursionError:
-        raise ValueError(f"{what} is nested too deeply") from None
-    except ValueError as exc:  # json.JSONDecodeError is one
-        raise ValueError(f"{what} is not valid JSON: {exc}") from None
+        return parse_duration(text, zero=zero)
+    except ValueError as exc:
+        raise ValueError(f"{option}: {exc}") from None
 
 
 def read_resources(path: str) -> dict[str, Any]:
@@ -99,31 +97,6 @@ def read_resources(path: str) -> dict[str, Any]:
     return resources
 
 
-def shown(text: str) -> str:
-    """`text` safe to print on a terminal: control and invisible characters (escape
-    sequences, newlines, bidirectional overrides, zero-width spaces) as \\x.., \\u....
-
-    Names are checked on the way in, but rows written earlier or through the ORM can
-    hold anything, and a raw ESC would let a stored value drive the operator's terminal.
-    """
-    if text.isprintable():
-        return text
-    return "".join(char if char.isprintable() else _escape(char) for char in text)
-
-
-def _escape(char: str) -> str:
-    code = ord(char)
-    if code <= 0xFF:
-        return f"\\x{code:02x}"
-    return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
-
-
-def table(rows: list[list[str]]) -> str:
-    """Left-aligned columns, two spaces apart."""
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows)
-
-
 class Command(LeasesCommand):
     help = (
         "Manage resource pools, or run a command while holding a lease. Exit codes: 0 done, "
@@ -135,33 +108,34 @@ class Command(LeasesCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         sub = parser.add_subparsers(dest="action", required=True, parser_class=_Parser)
         add = sub.add_parser("add", help="add a resource (again: changes nothing, or only its data)")
-        add.add_argument("pool")
-        add.add_argument("name")
+        add.add_argument("pool", help=POOL_HELP)
+        add.add_argument("name", help="the resource's name, unique in its pool (e.g. a proxy's host:port)")
         add.add_argument("--data", help="the resource's data, as JSON")
+        add.add_argument("--slots", default="1", help="holders it may have at once, each with its own lease (default 1)")
         imp = sub.add_parser(
             "import", help="add the resources of FILE, all or none: lines `name` or `name,json-data`"
         )
-        imp.add_argument("pool")
-        imp.add_argument("file")
+        imp.add_argument("pool", help=POOL_HELP)
+        imp.add_argument("file", help="lines `name` or `name,json-data`; # starts a comment")
         listing = sub.add_parser("list", help="resources with their state by the database clock")
-        listing.add_argument("pool", nargs="?")
+        listing.add_argument("pool", nargs="?", help="only this pool (default: every pool)")
         for action, text in [
             ("remove", "delete a resource"),
             ("release", "free a held resource, whoever holds it"),
             ("unquarantine", "put a quarantined resource back in service"),
         ]:
             one = sub.add_parser(action, help=text)
-            one.add_argument("pool")
-            one.add_argument("name")
+            one.add_argument("pool", help=POOL_HELP)
+            one.add_argument("name", help="the resource's name")
         quarantine = sub.add_parser("quarantine", help="take a resource out of service")
-        quarantine.add_argument("pool")
-        quarantine.add_argument("name")
+        quarantine.add_argument("pool", help=POOL_HELP)
+        quarantine.add_argument("name", help="the resource's name")
         quarantine.add_argument(
             "--for", dest="duration", default="1d", help="e.g. 90s, 10m, 2h, 1d (default 1d)"
         )
-        quarantine.add_argument("--reason", default="")
-        stats = sub.add_parser("stats", help="free, held, quarantined and total, as JSON")
-        stats.add_argument("pool")
+        quarantine.add_argument("--reason", default="", help="why, shown by list and the admin")
+        stats = sub.add_parser("stats", help="slots free, held, cooling, quarantined and total, as JSON")
+        stats.add_argument("pool", help=POOL_HELP)
         run = sub.add_parser(
             "run",
             verbatim="command",
@@ -175,52 +149,79 @@ class Command(LeasesCommand):
                 "gets SIGTERM and, --grace seconds later, SIGKILL."
             ),
         )
-        run.add_argument("pool")
-        run.add_argument("--ttl", default="60", help="lease seconds (default 60)")
-        run.add_argument(
-            "--wait", default="300", help="seconds to wait for a free resource (default 300)"
-        )
-        run.add_argument(
-            "--grace", default="10", help="seconds from SIGTERM to SIGKILL (default 10)"
-        )
+        run.add_argument("pool", help="the pool to lease a resource of")
+        run.add_argument("--ttl", default="60", help="how long the lease lasts unless renewed: 90s, 10m (default 60s)")
+        run.add_argument("--wait", default="300", help="how long to wait for a free resource, 0 not at all (default 5m)")
+        run.add_argument("--grace", default="10", help="time from SIGTERM to SIGKILL when the lease is lost (default 10s)")
         run.add_argument("command", nargs="*", help="after --: the command and its arguments")
+        add_database_option(*sub.choices.values())
 
     def handle(self, *args: Any, action: str, pool: str | None, **options: Any) -> None:
         try:
-            getattr(self, f"_{action}")(None if pool is None else Pool(pool), **options)
+            database = options.pop("database")
+            getattr(self, f"_{action}")(None if pool is None else Pool(pool, using=database), database=database,
+                                        **options)
         except (UnknownPool, UnknownResource) as exc:
             raise CommandError(str(exc), returncode=EX_USAGE) from None
         except NoResourceAvailable as exc:
             raise CommandError(str(exc), returncode=EX_TEMPFAIL) from None
 
-    def _add(self, pool: Pool, name: str, data: str | None, **options: Any) -> None:
-        created = pool.add(name, None if data is None else parse_json(data, "--data"))
-        self.stdout.write(f"{'added' if created else 'already there:'} {pool.name}/{name}")
+    def _add(self, pool: Pool, name: str, data: str | None, slots: str, **options: Any) -> None:
+        try:
+            count = int(slots)
+        except ValueError:
+            raise ValueError(f"--slots must be a whole number, not {slots!r}") from None
+        created = pool.add(name, None if data is None else parse_json(data, "--data"), slots=count)
+        what = f"{pool.name}/{shown(name)}" + (f" ({count} slots)" if count > 1 else "")
+        self.stdout.write(f"{'added' if created else 'already there:'} {what}")
 
     def _import(self, pool: Pool, file: str, **options: Any) -> None:
         resources = read_resources(file)
         before = pool.resources().count()
-        with Progress(len(resources), f"importing into {pool.name}", stream=self.stderr) as bar:
-            pool.add_many(resources.items(), progress=bar.advance)
+        with progress_bar(len(resources), f"importing into {pool.name}", self.stderr) as bar:
+            pool.add_many(resources.items(), progress=bar.update)
         added = pool.resources().count() - before
         self.stdout.write(f"{added} added to {pool.name} ({len(resources) - added} already there)")
 
-    def _list(self, pool: Pool | None, **options: Any) -> None:
-        rows = list(pool.resources() if pool else Resource.objects.using(db.alias()))
-        if pool and not rows:
-            raise UnknownPool(f"pool {pool.name!r} has no resources")
-        now = db_now(pool.using if pool else None)
-        lines = [["POOL", "NAME", "STATE", "HOLDER", "EXPIRES IN", "TOKEN", "QUARANTINE"]]
+    def _list(self, pool: Pool | None, database: str | None, **options: Any) -> None:
+        if pool:
+            found = [(pool.using, list(pool.resources()))]
+            if not found[0][1]:
+                raise unknown_pool(pool.name, pool.using)
+        else:  # every pool of every database in use, or of the one asked for
+            aliases = [routing.known(database)] if database else routing.aliases()
+            found = [(alias, list(Resource.objects.using(alias))) for alias in aliases]
+        header = ["POOL", "NAME", "SLOT", "USED", "STATE", "HOLDER", "EXPIRES IN", "TOKEN", "QUARANTINE"]
+        lines = []
+        for alias, rows in found:
+            lines += self._lines(rows, db_now(alias), [alias] if len(found) > 1 else [])
+        first = 1 if pool else 0  # one pool: no POOL column
+        lines = [(["DATABASE"] if len(found) > 1 else []) + header] + lines
+        self.stdout.write(table([line[:-9] + line[-9:][first:] for line in lines]))
+
+    @staticmethod
+    def _lines(rows: list[Resource], now: Any, prefix: list[str]) -> list[list[str]]:
+        """One line per slot, judged by `now` (the clock of the rows' database)."""
+        states = {r.pk: r.state_at(now) for r in rows}
+        used: dict[tuple[str, str], list[int]] = {}  # (pool, name) -> [held slots, slots]
         for r in rows:
-            state = r.state_at(now)
-            line = [shown(r.pool), shown(r.name), state, "", "", str(r.token), ""]
+            count = used.setdefault((r.pool, r.name), [0, 0])
+            count[0] += states[r.pk] == Resource.HELD
+            count[1] += 1
+        lines = []
+        for r in rows:
+            state = states[r.pk]
+            held, slots = used[(r.pool, r.name)]
+            line = [shown(r.pool), shown(r.name), str(r.slot), f"{held}/{slots}", state, "", "", str(r.token), ""]
             if state == Resource.HELD:
-                line[3], line[4] = shown(r.holder), f"{math.ceil((r.busy_before - now).total_seconds())}s"
+                line[5], line[6] = shown(r.holder), f"{math.ceil((r.busy_before - now).total_seconds())}s"
+            elif state == Resource.COOLING:
+                line[6] = f"{math.ceil((r.busy_before - now).total_seconds())}s"
             elif state == Resource.QUARANTINED:
-                line[4] = f"{math.ceil((r.quarantined_until - now).total_seconds())}s"
-                line[6] = f"until {r.quarantined_until:%Y-%m-%d %H:%M:%S}Z {shown(r.quarantine_reason)}"
-            lines.append(line)
-        self.stdout.write(table([line[1:] if pool else line for line in lines]))
+                line[6] = f"{math.ceil((r.quarantined_until - now).total_seconds())}s"
+                line[8] = f"until {r.quarantined_until:%Y-%m-%d %H:%M:%S}Z {shown(r.quarantine_reason)}"
+            lines.append(prefix + line)
+        return lines
 
     def _remove(self, pool: Pool, name: str, **options: Any) -> None:
         if not pool.remove(name):
@@ -245,7 +246,7 @@ class Command(LeasesCommand):
     def _stats(self, pool: Pool, **options: Any) -> None:
         stats = pool.stats()
         if not stats["total"]:
-            raise UnknownPool(f"pool {pool.name!r} has no resources")
+            raise unknown_pool(pool.name, pool.using)
         self.stdout.write(json.dumps(stats))
 
     def _run(
@@ -253,9 +254,9 @@ class Command(LeasesCommand):
     ) -> None:
         if not command:
             raise ValueError("no command given (lease run POOL [options] -- COMMAND ARGS...)")
-        ttl = check_ttl(seconds(ttl, "ttl"))
-        wait = check_wait(seconds(wait, "wait"))
-        grace = check_seconds(seconds(grace, "grace"), "grace")
+        ttl = check_ttl(duration(ttl, "--ttl"))
+        wait = check_wait(duration(wait, "--wait", zero=True))
+        grace = check_seconds(duration(grace, "--grace", zero=True), "grace")
         lease = pool.acquire(ttl=ttl, wait=wait)
         heartbeat = Heartbeat(lease)
         heartbeat.start()

@@ -13,11 +13,11 @@ from django.core.management.base import CommandError, CommandParser
 
 from leases import Locked
 from leases.durations import parse_duration
-from leases.management.base import EX_TEMPFAIL, LeasesCommand
+from leases.management.base import EX_TEMPFAIL, EX_USAGE, LeasesCommand, add_database_option
 from leases.management.lines import bad_line, entries
-from leases.progress import Progress
+from leases.progress import progress_bar
 from leases.tasks import Dispatcher
-from leases.tasks.models import TaskPool
+from leases.tasks.models import DispatchWorker, TaskPool
 
 
 def read_tasks(path: str) -> dict[str, float]:
@@ -36,36 +36,43 @@ def read_tasks(path: str) -> dict[str, float]:
     return tasks
 
 
+NAME_HELP = "the dispatcher's name (it exists once its pool was loaded)"
+WORKER_HELP = "a worker that was assigned tasks"
+#: Worker names an unknown-worker error lists.
+KNOWN_SHOWN = 20
+
+
 class Command(LeasesCommand):
     help = "Load, hand out and inspect the task pool of a dispatcher."
 
     def add_arguments(self, parser: CommandParser) -> None:
         sub = parser.add_subparsers(dest="action", required=True)
         load = sub.add_parser("load", help="replace the pool with the tasks of FILE (lines value,score)")
-        load.add_argument("name")
-        load.add_argument("file")
+        load.add_argument("name", help=NAME_HELP)
+        load.add_argument("file", help="lines `value,score` (the score after the last comma); # starts a comment")
         assign = sub.add_parser("assign", help="print WORKER's bucket, topped up to LIMIT, as JSON")
-        assign.add_argument("name")
-        assign.add_argument("worker")
-        assign.add_argument("limit", type=int)
+        assign.add_argument("name", help=NAME_HELP)
+        assign.add_argument("worker", help="the worker's name, as it will report tasks done")
+        assign.add_argument("limit", type=int, help="the most tasks its bucket holds")
         done = sub.add_parser("done", help="take TASKs (all when none given) out of WORKER's bucket")
-        done.add_argument("name")
-        done.add_argument("worker")
-        done.add_argument("tasks", nargs="*")
+        done.add_argument("name", help=NAME_HELP)
+        done.add_argument("worker", help=WORKER_HELP)
+        done.add_argument("tasks", nargs="*", help="task values (default: the whole bucket)")
         check = sub.add_parser("check", help="exit 0 if WORKER's bucket holds exactly TASKs, else 1")
-        check.add_argument("name")
-        check.add_argument("worker")
-        check.add_argument("tasks", nargs="*")
+        check.add_argument("name", help=NAME_HELP)
+        check.add_argument("worker", help=WORKER_HELP)
+        check.add_argument("tasks", nargs="*", help="the task values it should hold")
         stats = sub.add_parser("stats", help="pool size and buckets, as JSON")
-        stats.add_argument("name")
+        stats.add_argument("name", help=NAME_HELP)
         reclaim = sub.add_parser("reclaim", help="return buckets of workers not seen for a while")
-        reclaim.add_argument("name")
+        reclaim.add_argument("name", help=NAME_HELP)
         reclaim.add_argument("--stale-after", default="10m", help="e.g. 90s, 10m, 2h (default 10m)")
+        add_database_option(*sub.choices.values())
 
-    def handle(self, *args: Any, action: str, name: str, **options: Any) -> None:
+    def handle(self, *args: Any, action: str, name: str, database: str | None, **options: Any) -> None:
         try:
-            dispatcher = Dispatcher(name)
-            if action != "load" and not TaskPool.objects.filter(name=name).exists():
+            dispatcher = Dispatcher(name, using=database)
+            if action != "load" and not TaskPool.objects.using(dispatcher.using).filter(name=name).exists():
                 raise CommandError(f"unknown dispatcher {name!r} (load its pool first)", returncode=2)
             getattr(self, f"_{action}")(dispatcher, **options)
         except Locked as exc:
@@ -73,17 +80,31 @@ class Command(LeasesCommand):
 
     def _load(self, dispatcher: Dispatcher, file: str, **options: Any) -> None:
         tasks = read_tasks(file)
-        with Progress(len(tasks), f"loading {dispatcher.name}", stream=self.stderr) as bar:
-            listed = dispatcher.recreate_task_pool(tasks, progress=bar.advance)
+        with progress_bar(len(tasks), f"loading {dispatcher.name}", self.stderr) as bar:
+            listed = dispatcher.recreate_task_pool(tasks, progress=bar.update)
         self.stdout.write(f"{listed} tasks in the pool of {dispatcher.name}")
 
     def _assign(self, dispatcher: Dispatcher, worker: str, limit: int, **options: Any) -> None:
         self.stdout.write(json.dumps(dispatcher.assign_tasks(limit, worker)))
 
+    @staticmethod
+    def _known(dispatcher: Dispatcher, worker: str) -> None:
+        """A worker with no entry was never assigned tasks (a typo, usually) or was reclaimed
+        (its tasks went back to the pool): either way nothing it reports counts, so say so."""
+        rows = DispatchWorker.objects.using(dispatcher.using).filter(dispatcher=dispatcher.name)
+        if rows.filter(name=worker).exists():
+            return
+        known = list(rows.order_by("name").values_list("name", flat=True)[: KNOWN_SHOWN + 1])
+        listed = ", ".join(known[:KNOWN_SHOWN]) + (", ..." if len(known) > KNOWN_SHOWN else "")
+        raise CommandError(f"no worker {worker!r} in dispatcher {dispatcher.name!r}: never assigned tasks, "
+                           f"or reclaimed (known workers: {listed or 'none'})", returncode=EX_USAGE)
+
     def _done(self, dispatcher: Dispatcher, worker: str, tasks: list[str], **options: Any) -> None:
+        self._known(dispatcher, worker)
         self.stdout.write(str(dispatcher.tasks_done(worker, tasks or None)))
 
     def _check(self, dispatcher: Dispatcher, worker: str, tasks: list[str], **options: Any) -> None:
+        self._known(dispatcher, worker)
         if not dispatcher.check_tasks(worker, tasks):
             raise CommandError(f"the bucket of {worker} holds other tasks", returncode=1)
         self.stdout.write("ok")

@@ -1,4 +1,5 @@
-"""`manage.py leases_prune --older-than 7d`: delete finished jobs (and their errors) in batches.
+"""`manage.py leases_prune --older-than 7d`: delete finished jobs (and their errors) in batches,
+and the rows of queue workers gone that long.
 
 Ready and running jobs are never touched. Exit 2 on a bad duration or batch size, 75 when
 the database is unavailable.
@@ -9,21 +10,25 @@ from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 
+from leases import routing
 from leases.durations import parse_duration
 from leases.management.base import LeasesCommand
 from leases.tasks.queue import prune
+from leases.tasks.worker import forget_workers
 
 
 class Command(LeasesCommand):
-    help = "Delete jobs that finished (succeeded, failed, dead, cancelled) longer ago than --older-than."
+    help = ("Delete jobs that finished (succeeded, failed, dead, cancelled) longer ago than --older-than, "
+            "and queue workers gone that long.")
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--older-than", required=True, help="e.g. 12h, 7d (finished before now minus this)")
+        parser.add_argument("--older-than", required=True, help="with a unit: 12h, 7d (finished before now minus this)")
         parser.add_argument("--batch-size", type=int, default=1000, help="jobs deleted per transaction (default 1000)")
+        parser.add_argument("--database", help="prune this database alias only (default: every one in use)")
 
     def handle(self, *args: Any, older_than: str, batch_size: int, **options: Any) -> None:
         try:
-            seconds = parse_duration(older_than)
+            seconds = parse_duration(older_than, unit=True)
         except ValueError as exc:
             raise CommandError(f"--older-than: {exc}", returncode=2) from None
         if batch_size < 1:
@@ -36,6 +41,8 @@ class Command(LeasesCommand):
             if options["verbosity"] > 1:
                 self.stderr.write(f"deleted {total} jobs so far")
 
-        deleted = prune(seconds, batch_size=batch_size, progress=progress)
+        aliases = [routing.known(options["database"])] if options["database"] else routing.aliases()
+        deleted = sum(prune(seconds, batch_size=batch_size, using=alias, progress=progress) for alias in aliases)
+        workers = sum(forget_workers(seconds, alias) for alias in aliases)
         if options["verbosity"] > 0:
-            self.stdout.write(f"deleted {deleted} finished jobs older than {older_than}")
+            self.stdout.write(f"deleted {deleted} finished jobs and {workers} stopped workers older than {older_than}")

@@ -4,17 +4,24 @@ SIGTERM or SIGINT stops claiming and lets running jobs finish within `--grace` s
 then hands the rest back to the queue; a second signal exits at once (the jobs it ran
 are recovered by other workers when its heartbeat lapses). A database outage is waited
 out, at start as in the middle of work. Exit 2 on bad arguments.
+
+Queues routed to several databases (LEASES_ROUTES) are served by one worker per database,
+side by side in this process, each with `--concurrency` threads.
 """
 from __future__ import annotations
 
 import signal
+import threading
 from importlib import import_module
 from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
+from django.db import Error, connections
 
+from leases import db, logs, routing
 from leases.management.base import EX_USAGE, LeasesCommand
 from leases.tasks import queue as jobqueue
+from leases.tasks import schedules
 from leases.tasks.worker import MIN_TTL, Worker
 from leases.validation import check_seconds
 
@@ -39,6 +46,8 @@ class Command(LeasesCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--queue", default="default", help="queues to serve, comma-separated, or * (default: default)")
+        parser.add_argument("--database", help="the database alias to serve them on (default: where LEASES_ROUTES "
+                                               "sends each queue; * serves every database in use)")
         parser.add_argument("--concurrency", type=int, default=4, help="jobs run at once, in threads (default 4)")
         parser.add_argument("--poll", default="0.05", help="seconds between polls while idle (default 0.05)")
         parser.add_argument("--ttl", default="30", help=f"heartbeat lease in seconds, at least {MIN_TTL:g} (default 30)")
@@ -49,8 +58,17 @@ class Command(LeasesCommand):
             "--import", dest="imports", action="append", default=[], metavar="MODULE",
             help="import MODULE for its handlers (repeatable)",
         )
+        parser.add_argument(
+            "--log-format", choices=("plain", "json"), default="plain",
+            help="plain: timestamped lines (default); json: one JSON object a line, for log shippers",
+        )
+        parser.add_argument(
+            "--no-schedule", action="store_true",
+            help="take no part in firing schedules (by default one worker at a time leads and fires them)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        logs.configure(options["log_format"], options["verbosity"])
         poll = _seconds(options["poll"], "--poll", maximum=MAX_POLL)
         ttl = _seconds(options["ttl"], "--ttl", minimum=MIN_TTL, above=False)
         grace = _seconds(options["grace"], "--grace", above=False)
@@ -67,30 +85,73 @@ class Command(LeasesCommand):
         names = [name.strip() for name in options["queue"].split(",") if name.strip()]
         if not names:
             raise CommandError("--queue names no queue", returncode=EX_USAGE)
-        worker = Worker(
-            queues=names,
-            concurrency=options["concurrency"],
-            poll=poll,
-            ttl=ttl,
-            burst=options["burst"],
-            max_jobs=options["max_jobs"],
-            grace=grace,
-        )
+        workers = [
+            Worker(
+                queues=queues,
+                concurrency=options["concurrency"],
+                poll=poll,
+                ttl=ttl,
+                burst=options["burst"],
+                max_jobs=options["max_jobs"],
+                grace=grace,
+                using=alias,
+                # Schedules live on LEASES_DATABASE: its worker takes part in firing them.
+                schedule=not options["no_schedule"] and alias == db.alias(),
+            )
+            for alias, queues in by_database(names, options["database"]).items()
+        ]
         for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: worker.stop())
-        if names != ["*"]:
-            known = worker.when_up(jobqueue.known_queues)
-            if known is None:
+            signal.signal(sig, lambda *_: [worker.stop() for worker in workers])
+        for worker in workers:
+            if not self._ready(worker):
                 return  # stopped while waiting for the database
-            unknown = sorted(set(names) - known)
-            if "*" in names or unknown:
+        others = [threading.Thread(target=worker.run, name=f"worker on {worker.using}") for worker in workers[1:]]
+        for thread in others:
+            thread.start()
+        workers[0].run()  # each worker's last log line sums up what it did
+        for thread in others:
+            thread.join()
+
+    @staticmethod
+    def _ready(worker: Worker) -> bool:
+        """Check what a worker serves before it starts: its database answers (an outage
+        is waited out; anything else, such as a wrong password, is bad input), its queues
+        are known, the schedules of LEASES_SCHEDULES apply. False if stopped meanwhile."""
+        try:
+            connections[worker.using].ensure_connection()
+        except Error as exc:
+            if not db.transient(exc):
+                queues = ", ".join(worker.queues)
+                raise CommandError(f"database {worker.using!r} (queues {queues}): {exc}".splitlines()[0],
+                                   returncode=EX_USAGE) from None
+        if worker.queues != ["*"]:
+            known = worker.when_up(lambda: jobqueue.known_queues(worker.using))
+            if known is None:
+                return False
+            unknown = sorted(set(worker.queues) - known)
+            if "*" in worker.queues or unknown:
                 raise CommandError(
                     f"unknown queue(s): {', '.join(unknown or ['*'])} (known: {', '.join(sorted(known)) or 'none'})",
                     returncode=EX_USAGE,
                 )
-        stats = worker.run()
-        if options["verbosity"] > 0:
-            self.stderr.write(
-                f"worker {worker.name}: {stats.claimed} claimed, {stats.succeeded} succeeded, "
-                f"{stats.failed} failed, {stats.recovered} recovered, {stats.bounced} bounced"
-            )
+        if worker.schedule:
+            try:
+                applied = worker.when_up(schedules.apply_settings)
+            except (ValueError, LookupError) as exc:  # LookupError: UnknownHandler
+                raise CommandError(str(exc).splitlines()[0], returncode=EX_USAGE) from None
+            if applied is None:
+                return False
+        return True
+
+
+def by_database(names: list[str], database: str | None) -> dict[str, list[str]]:
+    """The queues each worker serves, by database alias: all on `database` when given
+    (`*`: every database in use), else each where LEASES_ROUTES sends it."""
+    if database == "*":
+        return {alias: names for alias in routing.aliases()}
+    if database or names == ["*"]:
+        return {routing.known(database) if database else db.alias(): names}
+    found: dict[str, list[str]] = {}
+    for name in names:
+        found.setdefault(routing.route("queues", name), []).append(name)
+    return found

@@ -1,0 +1,59 @@
+"""What the benches share: their own database, made before Django first connects, a raw
+DB-API connection set up as Django sets up its own (for the raw-SQL baselines), and how
+they name the server they ran on.
+
+Import it after DATABASE_URL names the bench's database and before ``django.setup()``.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+
+from project.createdb import create_database  # noqa: F401 - the benches make their database with it
+
+
+def raw_connect(with_db: bool = True) -> Any:
+    """A DB-API connection in autocommit, set up like Django's own (isolation, WAL)."""
+    cfg = settings.DATABASES["default"]
+    if cfg["ENGINE"].endswith("sqlite3"):
+        import sqlite3
+
+        options = cfg.get("OPTIONS", {})
+        conn = sqlite3.connect(cfg["NAME"], timeout=options.get("timeout", 30), isolation_level=None)
+        for command in options.get("init_command", "").split(";"):
+            if command.strip():
+                conn.execute(command)
+        return conn
+    import MySQLdb
+    from MySQLdb.constants import CLIENT
+
+    kwargs: dict[str, Any] = {"user": cfg["USER"], "charset": "utf8mb4", "autocommit": True,
+                              "client_flag": CLIENT.FOUND_ROWS}
+    if with_db:
+        kwargs["db"] = cfg["NAME"]
+    if cfg.get("PASSWORD"):
+        kwargs["password"] = cfg["PASSWORD"]
+    host = cfg.get("HOST") or "127.0.0.1"
+    kwargs["unix_socket" if host.startswith("/") else "host"] = host
+    if cfg.get("PORT"):
+        kwargs["port"] = int(cfg["PORT"])
+    conn = MySQLdb.connect(**kwargs)
+    conn.cursor().execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")  # Django's default
+    return conn
+
+
+def database_version(flush: bool = True) -> str:
+    """"MariaDB 10.11.19-...", with its commit policy (a log flush per commit or not)."""
+    from django.db import connections
+
+    conn = connections["default"]
+    if conn.vendor == "sqlite":
+        import sqlite3
+
+        return f"SQLite {sqlite3.sqlite_version}"
+    with conn.cursor() as cur:
+        cur.execute("SELECT VERSION(), @@innodb_flush_log_at_trx_commit")
+        version, policy = cur.fetchone()
+    server = f"{'MariaDB' if conn.mysql_is_mariadb else 'MySQL'} {version}"
+    return f"{server}, innodb_flush_log_at_trx_commit={policy}" if flush else server

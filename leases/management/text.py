@@ -1,0 +1,86 @@
+"""How the operator commands print: stored text made safe for a terminal, aligned
+columns, times and durations; and how they read JSON arguments."""
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+
+
+def shown(text: str) -> str:
+    """`text` safe to print on a terminal: control and invisible characters (escape
+    sequences, newlines, bidirectional overrides, zero-width spaces) as \\x.., \\u....
+
+    Names are checked on the way in, but rows written earlier or through the ORM can
+    hold anything, and a raw ESC would let a stored value drive the operator's terminal.
+    """
+    if text.isprintable():
+        return text
+    return "".join(char if char.isprintable() else _escape(char) for char in text)
+
+
+def _escape(char: str) -> str:
+    code = ord(char)
+    if code <= 0xFF:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
+
+
+def table(rows: list[list[str]]) -> str:
+    """Left-aligned columns, two spaces apart."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows)
+
+
+def parse_json(text: str, what: str) -> Any:
+    """`text` as JSON; ValueError (one line) when it is not, or is nested too deeply to
+    parse (json.loads raises RecursionError for that)."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError(f"{what} is nested too deeply") from None
+    except ValueError as exc:  # json.JSONDecodeError is one
+        raise ValueError(f"{what} is not valid JSON: {exc}") from None
+
+
+def clock(value: datetime | None) -> str:
+    """A stored time as the operator reads it (UTC), or blank."""
+    return f"{value:%Y-%m-%d %H:%M:%S}Z" if value else ""
+
+
+def span(seconds: float) -> str:
+    """A duration short enough for a table column: 40ms, 12.3s, 3m07s, 2h05m, 3d04h."""
+    if seconds < 1:
+        return f"{max(seconds, 0.0) * 1000:.0f}ms"
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, secs = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes}m{secs:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 24:
+        return f"{hours}h{minutes:02d}m"
+    days, hours = divmod(hours, 24)
+    return f"{days}d{hours:02d}h"
+
+
+def whole(seconds: float) -> str:
+    """A duration in its largest whole unit, short for a column: 3s, 2m, 5h, 4d."""
+    seconds = int(seconds)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+def ago(moment: datetime, now: datetime) -> str:
+    """'in 3s' or '2m ago' from `now` (the database clock)."""
+    delta = (moment - now).total_seconds()
+    return f"in {whole(delta)}" if delta > 0 else f"{whole(-delta)} ago"
+
+
+def elapsed(start: datetime | None, end: datetime | None, now: datetime | None) -> str:
+    """start to end, or to `now` for something still going (now=None: it is not); blank
+    when it has not started."""
+    stop = end or now
+    return span((stop - start).total_seconds()) if start and stop else ""

@@ -1,0 +1,340 @@
+"""`manage.py jobs`: list, show, count, retry, cancel, discard and wait for queued jobs.
+
+Every read stays quick on a table of millions of finished jobs: `list` reads the newest
+rows by primary key, `stats` runs a fixed handful of grouped queries over the claim and
+finished_at indexes, and nothing counts the whole table.
+
+Exit codes: 0 done; 1 `wait` saw the job fail, die or be cancelled (or deleted); 2 bad
+input (nothing written); 75 (EX_TEMPFAIL) `wait` timed out, or the database is unavailable.
+"""
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Iterable, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.core.management.base import CommandError, CommandParser
+from django.db.models import Count, Min, Q
+
+from leases import db, routing
+from leases.durations import parse_duration
+from leases.management.base import EX_TEMPFAIL, LeasesCommand, add_database_option
+from leases.management.text import ago, clock, elapsed, shown, table, whole
+from leases.pool import db_now
+from leases.tasks import queue as jobqueue
+from leases.tasks.models import Job, JobError
+
+#: Seconds between two looks at the job in `wait`.
+POLL = 0.5
+#: Largest id a database key column holds; a bigger number names no job.
+MAX_ID = 2**63 - 1
+#: Rows `list` prints at most, whatever --limit asks.
+MAX_LIMIT = 10_000
+#: Characters of an error message in a table cell (`show --traceback` prints it whole).
+ERROR_WIDTH = 100
+#: Ids per call of the queue's actions.
+BATCH = 500
+#: The window of `stats`'s finished counts.
+RECENT = timedelta(hours=1)
+LABELS = dict(Job.STATUSES)
+NAMES = list(LABELS.values())
+_ID = re.compile(r"[0-9]+")
+#: Per bulk action: its queue function, its verb, what a job it leaves alone is, the
+#: statuses its --status takes, and its help.
+ACTIONS = {
+    "retry": (jobqueue.retry, "retried", "not failed, dead or cancelled", ("failed", "dead", "cancelled"),
+              "run failed, dead or cancelled jobs again now"),
+    "cancel": (jobqueue.cancel, "cancelled", "not waiting", ("ready", "blocked"),
+               "cancel waiting jobs (running ones finish)"),
+    "discard": (jobqueue.discard, "discarded", "running", tuple(name for name in NAMES if name != "running"),
+                "delete jobs that are not running, with their errors"),
+}
+
+
+def job_ids(texts: Sequence[str]) -> list[int]:
+    """Job ids as typed, each once, in order; ValueError (exit 2) for anything but a whole
+    number that a key column can hold."""
+    for text in texts:
+        if not _ID.fullmatch(text) or not 0 < int(text) <= MAX_ID:
+            raise ValueError(f"a job id is a whole number from 1 to {MAX_ID}, not {text!r}")
+    return list(dict.fromkeys(int(text) for text in texts))
+
+
+def status_name(text: str, allowed: Sequence[str] = NAMES, action: str = "") -> str:
+    """A --status as typed; ValueError (exit 2) naming the valid ones otherwise."""
+    if text not in NAMES:
+        raise ValueError(f"--status must be one of {', '.join(NAMES)}, not {text!r}")
+    if text not in allowed:
+        raise ValueError(f"{action} --status must be {' or '.join(allowed)}, not {text!r}")
+    return text
+
+
+def relative(moment: datetime | None, now: datetime) -> str:
+    """'in 3s' or '2m ago' by the database clock; '-' for no time."""
+    return "-" if moment is None else ago(moment, now)
+
+
+def when(moment: datetime | None, now: datetime) -> str:
+    """A time with how far it is from now: 2026-01-02 03:04:05Z (2m ago)."""
+    return f"{clock(moment)} ({relative(moment, now)})" if moment else "-"
+
+
+def cell(text: str) -> str:
+    """A message for a table cell: printable, on one line, cut to ERROR_WIDTH."""
+    text = shown(text)
+    return text if len(text) <= ERROR_WIDTH else text[: ERROR_WIDTH - 3] + "..."
+
+
+def as_json(value: Any) -> list[str]:
+    """`value` as indented JSON lines, each safe for a terminal."""
+    text = json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False)
+    return [shown(line) for line in text.splitlines()]
+
+
+def find_job(text: str, using: str) -> Job:
+    """The job named on the command line; ValueError (exit 2) when there is none."""
+    number = job_ids([text])[0]
+    found = Job.objects.using(using).filter(pk=number).first()
+    if found is None:
+        raise ValueError(f"no job #{number}")
+    return found
+
+
+class Command(LeasesCommand):
+    help = (
+        "List, show, count, retry, cancel, discard and wait for queued jobs. Exit codes: 0 done, 1 wait "
+        "saw the job fail, die or be cancelled, 2 bad input (nothing written), 75 wait timed out or the "
+        "database is unavailable."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        statuses = ", ".join(NAMES)
+        sub = parser.add_subparsers(dest="action", required=True)
+        listing = sub.add_parser("list", help="jobs, newest first")
+        listing.add_argument("--queue", help="only jobs of this queue")
+        listing.add_argument("--status", help=f"only jobs in this status ({statuses})")
+        listing.add_argument("--name", help="only jobs of this handler")
+        listing.add_argument("--limit", default="50", help=f"jobs shown (default 50, at most {MAX_LIMIT})")
+        show = sub.add_parser("show", help="every field of a job, and the error of each failed attempt")
+        show.add_argument("job", help="the job's id")
+        show.add_argument("--traceback", action="store_true", help="print each error's traceback too")
+        stats = sub.add_parser(
+            "stats", help="per queue: waiting, running, due, oldest due, ended in the last hour"
+        )
+        stats.add_argument("--queue", help="only this queue")
+        for action, (_, _, _, allowed, text) in ACTIONS.items():
+            one = sub.add_parser(action, help=f"{text}, by id or all in a status")
+            one.add_argument("ids", nargs="*", metavar="ID", help="the jobs' ids")
+            one.add_argument("--status", help=f"instead of ids, all jobs in a status: {', '.join(allowed)}")
+            required = " (required: one queue at a time)" if action == "cancel" else ""
+            one.add_argument("--queue", help=f"with --status: only jobs of this queue{required}")
+            if action == "discard":
+                one.add_argument(
+                    "--older-than",
+                    help="with --status: only jobs that finished (or, not finished, were queued) longer ago "
+                         "than this, e.g. 12h, 7d",
+                )
+        wait = sub.add_parser("wait", help="wait for a job to end: exit 0 succeeded, 1 failed/dead/cancelled")
+        wait.add_argument("job", help="the job's id")
+        wait.add_argument("--timeout", default="30s", help="exit 75 after this, e.g. 90, 10m (default 30s)")
+        add_database_option(*sub.choices.values())
+
+    def handle(self, *args: Any, action: str, database: str | None, **options: Any) -> None:
+        # Jobs of one database: --database, else the one --queue is routed to, else LEASES_DATABASE.
+        queue = options.get("queue")
+        self.using = routing.route("queues", queue, database) if queue else routing.known(database or db.alias())
+        if action in ACTIONS:
+            self._act(action, **options)
+        else:
+            getattr(self, f"_{action}")(**options)
+
+    def _list(self, queue: str | None, status: str | None, name: str | None, limit: str,
+              **options: Any) -> None:
+        count = int(limit) if _ID.fullmatch(limit) else 0
+        if not 1 <= count <= MAX_LIMIT:
+            raise ValueError(f"--limit must be a whole number from 1 to {MAX_LIMIT}, not {limit!r}")
+        using = self.using
+        jobs = Job.objects.using(using).order_by("-pk")
+        if status is not None:
+            jobs = jobs.filter(status=status_name(status))
+        if queue is not None:
+            jobs = jobs.filter(queue=queue)
+        if name is not None:
+            jobs = jobs.filter(name=name)
+        now = db_now(using)
+        rows = jobs.values_list(
+            "pk", "name", "queue", "status", "attempt", "max_attempts", "run_at", "worker", "finished_at",
+            "expires_at",
+        )[:count]
+        lines = [["ID", "NAME", "QUEUE", "STATUS", "ATTEMPTS", "RUN AT", "WORKER", "FINISHED"]]
+        for pk, job_name, job_queue, code, attempt, attempts, run_at, worker, finished_at, expires_at in rows:
+            lines.append([
+                str(pk), shown(job_name), shown(job_queue), Job.describe(code, attempt, expires_at, now),
+                f"{attempt}/{attempts}", relative(run_at, now), shown(worker) or "-",
+                clock(finished_at) or "-",
+            ])
+        self.stdout.write(table(lines) if len(lines) > 1 else "no jobs")
+
+    def _show(self, job: str, traceback: bool, **options: Any) -> None:
+        using = self.using
+        found = find_job(job, using)
+        now = db_now(using)
+        running = found.status == Job.RUNNING
+        head = [
+            ["job", f"#{found.pk}"],
+            ["name", shown(found.name)],
+            ["queue", shown(found.queue)],
+            ["backend", shown(found.backend) or "- (a native handler job)"],
+            ["status", Job.describe(found.status, found.attempt, found.expires_at, now)],
+            ["priority", str(found.priority)],
+            ["attempts", f"{found.attempt}/{found.max_attempts}"],
+            ["claims", str(found.claims)],
+            ["pushes", str(found.pushes)],
+            ["key", shown(found.key)],
+            ["pending key", shown(found.pending_key or "") or "-"],
+            ["limit key", shown(found.limit_key) or "-"],
+            ["concurrency", "-" if found.concurrency is None else str(found.concurrency)],
+            ["rate", shown(found.rate) or "-"],
+            ["on finish", shown(found.on_finish) or "-"],
+            ["worker", shown(found.worker) or "-"],
+            ["run at", when(found.run_at, now)],
+            ["enqueued", when(found.enqueued_at, now)],
+            ["started", when(found.started_at, now)],
+            ["finished", when(found.finished_at, now)],
+            ["expires", when(found.expires_at, now)],
+            ["bounced", when(found.bounced_at, now)],
+            ["duration", elapsed(found.started_at, found.finished_at, now if running else None) or "-"],
+        ]
+        self.stdout.write(table(head))
+        self.stdout.write("payload:\n" + "\n".join("  " + line for line in as_json(found.payload)))
+        if found.result is None:
+            self.stdout.write("result: -")
+        else:
+            self.stdout.write("result:\n" + "\n".join("  " + line for line in as_json(found.result)))
+        errors = list(JobError.objects.using(using).filter(job_id=found.pk).order_by("attempt", "pk"))
+        if not errors:
+            self.stdout.write("no errors")
+            return
+        lines = [["ATTEMPT", "EXCEPTION", "MESSAGE", "WORKER", "AT"]]
+        for error in errors:
+            lines.append([str(error.attempt), shown(error.exception), cell(error.message) or "-",
+                          shown(error.worker) or "-", clock(error.at)])
+        self.stdout.write(f"errors ({len(errors)}):\n" + table(lines))
+        for error in errors if traceback else []:
+            self.stdout.write(f"\nattempt {error.attempt} traceback:")
+            for line in (error.traceback or "(none recorded)").splitlines():
+                self.stdout.write("  " + shown(line))
+
+    def _stats(self, queue: str | None, **options: Any) -> None:
+        using = self.using
+        now = db_now(using)
+        jobs = Job.objects.using(using).order_by()
+        if queue is not None:
+            jobs = jobs.filter(queue=queue)
+        # One row per queue from each of three grouped reads: waiting and running jobs, and
+        # the due ones, through the claim index's status prefix; what ended in the last
+        # hour through the finished_at index alone. Grouping by queue only: grouped by
+        # (queue, status), SQLite walks the whole claim index to skip sorting the groups.
+        def count(status: str) -> Count:
+            return Count("pk", filter=Q(status=status))
+
+        live = jobs.filter(status__in=["ready", "running", "blocked"]).values("queue").annotate(
+            ready=count("ready"), blocked=count("blocked"), running=count("running"))
+        due = jobs.filter(status="ready", run_at__lte=now).values("queue").annotate(
+            due=Count("pk"), oldest=Min("run_at"))
+        recent = jobs.filter(finished_at__gte=now - RECENT).values("queue").annotate(
+            succeeded=count("succeeded"), failed=count("failed"), dead=count("dead"))
+        found: dict[str, dict[str, Any]] = {}
+        for part in (live, due, recent):
+            for row in part:
+                found.setdefault(row.pop("queue"), {}).update(row)
+        settings = jobqueue.all_queues(using)
+        names = sorted(set(settings) | set(found))
+        if queue is not None:
+            known = names if queue in names else sorted(jobqueue.known_queues(using))
+            if queue not in known:
+                raise ValueError(f"no queue named {queue!r} (known: {', '.join(known) or 'none'})")
+            names = [queue]
+        lines = [["QUEUE", "WAITING", "BLOCKED", "RUNNING", "DUE", "OLDEST DUE", "SUCCEEDED/1H", "FAILED/1H",
+                  "DEAD/1H", "PAUSED"]]
+        for name in names:
+            of = found.get(name, {})
+            oldest = of.get("oldest")
+            lines.append([
+                shown(name), str(of.get("ready", 0) + of.get("blocked", 0)), str(of.get("blocked", 0)),
+                str(of.get("running", 0)), str(of.get("due", 0)),
+                "-" if oldest is None else whole((now - oldest).total_seconds()),
+                *(str(of.get(key, 0)) for key in ("succeeded", "failed", "dead")),
+                "yes" if name in settings and settings[name].paused else "no",
+            ])
+        self.stdout.write(table(lines) if names else "no queues")
+
+    def _act(self, action: str, ids: list[str], status: str | None, queue: str | None, verbosity: int,
+             older_than: str | None = None, **options: Any) -> None:
+        """Retry, cancel or discard the jobs named by id, or every job in a status a batch
+        at a time, through leases.tasks.queue; all that was typed is checked first."""
+        call, verb, skipped, allowed, _ = ACTIONS[action]
+        if ids and (status is not None or queue is not None or older_than is not None):
+            raise ValueError(f"{action}: give job ids or --status, not both")
+        if not ids and status is None:
+            raise ValueError(f"{action}: give job ids, or --status ({' or '.join(allowed)})")
+        if action == "cancel" and status is not None and queue is None:
+            raise ValueError("cancel --status needs --queue: one queue's waiting jobs at a time")
+        using = self.using
+        done = seen = missing = 0
+        batches: Iterable[list[int]]
+        if status is None:  # ids, as checked above
+            wanted = job_ids(ids)
+            jobs = Job.objects.using(using)
+            found = [pk for start in range(0, len(wanted), BATCH)
+                     for pk in jobs.filter(pk__in=wanted[start : start + BATCH]).values_list("pk", flat=True)]
+            batches = (found[start : start + BATCH] for start in range(0, len(found), BATCH))
+            missing = len(wanted) - len(found)
+        else:
+            name = status_name(status, allowed, action)
+            try:
+                seconds = None if older_than is None else parse_duration(older_than, unit=True)
+            except ValueError as exc:
+                raise ValueError(f"--older-than: {exc}") from None
+            before = None if seconds is None else db_now(using) - timedelta(seconds=seconds)
+            batches = jobqueue.select_batches(name, queue=queue, before=before, size=BATCH, using=using)
+        for batch in batches:
+            done += call(batch, using=using)
+            seen += len(batch)
+            if verbosity > 1:
+                self.stderr.write(f"{verb} {done} of {seen} so far")
+        notes = [f"{seen - done} {skipped}"] if seen > done else []
+        notes += [f"{missing} not found"] if missing else []
+        if verbosity > 0:
+            detail = f" ({'; '.join(notes)})" if notes else ""
+            self.stdout.write(f"{verb} {done} of {seen + missing}{detail}")
+
+    def _wait(self, job: str, timeout: str, **options: Any) -> None:
+        try:
+            limit = parse_duration(timeout)
+        except ValueError as exc:
+            raise ValueError(f"--timeout: {exc}") from None
+        using = self.using
+        found = find_job(job, using)
+        deadline = time.monotonic() + limit
+        rows = Job.objects.using(using).filter(pk=found.pk).values_list("status", flat=True)
+        while True:
+            status = rows.first()
+            if status is None:
+                raise CommandError(f"job #{found.pk} was deleted", returncode=1)
+            if status in Job.FINISHED:
+                break
+            left = deadline - time.monotonic()
+            if left <= 0:
+                message = f"job #{found.pk} is still {LABELS[status]} after {limit:g}s"
+                raise CommandError(message, returncode=EX_TEMPFAIL)
+            time.sleep(min(POLL, left))
+        if status == Job.SUCCEEDED:
+            self.stdout.write(f"job #{found.pk} succeeded")
+            return
+        last = JobError.objects.using(using).filter(job_id=found.pk).order_by("-attempt", "-pk").first()
+        detail = f": {last.exception}: {last.message} (attempt {last.attempt})" if last else ""
+        raise CommandError(f"job #{found.pk} {LABELS[status]}{shown(detail)}", returncode=1)

@@ -1,0 +1,1 @@
+"""Small runnable examples of django-leases: ``python -m project.examples.<name>``."""
