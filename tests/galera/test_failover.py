@@ -1,0 +1,256 @@
+"""Clients through HAProxy (single writer: node1, then node2) while the active node dies.
+
+Two `leases_worker` processes drain a queue, three ResourceThread holders keep their
+leases, and `manage.py lease run` holds a lease for its command; then node1 is SIGKILLed
+(and restarted while the clients run on: it rejoins by IST), or SIGSTOPped for longer than
+every ttl and then continued. Every client must carry on through the next node with no
+manual step: no job lost, run twice or left running, no lease held twice (by token), no
+client dead. The test measures, per kind of client, the time from the fault to its first
+successful write through the next node and the longest gap in its progress, and bounds
+them generously.
+"""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from collections import Counter, defaultdict
+from datetime import datetime
+
+import pytest
+
+import tests.jobs_proc  # noqa: F401 - registers nap
+from leases import Pool
+from leases.models import Resource
+from leases.tasks import push_many
+from leases.tasks.models import Job, JobError
+from tests.conftest import Workers, start_lease_run, wait_for
+from tests.galera.conftest import merge, proxy_url, retries_in
+from tests.test_lease_faults import Child
+from tests.test_worker_processes import log_lines
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow,
+              pytest.mark.usefixtures("fresh_queue_settings")]
+
+POOL, RUN_POOL = "galera-proxies", "galera-run"
+HOLDER_TTL, RUN_TTL, WORKER_TTL = 3.0, 4.0, 5.0
+#: How long node1 stays SIGSTOPped: longer than every ttl above.
+STOPPED_FOR = 7.0
+JOBS = 1500
+#: Generous bounds: the rig fails over in about three seconds (HAProxy's checks, then
+#: Galera dropping the lost node from its view); a client that takes this long is stuck.
+CARRY_ON_WITHIN = 12.0
+LONGEST_GAP = 15.0
+
+OUTCOME = re.compile(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) INFO leases\.tasks\.worker: "
+                     r"job \S+ #(\d+) .*succeeded")
+WAIT_FOR_FILE = "import os, sys, time\nwhile not os.path.exists(sys.argv[1]):\n    time.sleep(0.1)\n"
+
+
+def outcomes_logged(text: str) -> dict[int, float]:
+    """{job id: when the worker logged its outcome}, which it does once the outcome is
+    committed (its log's timestamps: local time, milliseconds)."""
+    found = {}
+    for line in text.splitlines():
+        match = OUTCOME.match(line)
+        if match:
+            found[int(match[2])] = datetime.strptime(match[1], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+    return found
+
+
+def carry_on(writes: list[tuple[float, float]], fault: float) -> tuple[float | None, float]:
+    """`writes`: (sent, done) times of a client's writes. Returns the seconds from `fault`
+    to the end of the first write sent after it (so through the next node), and the
+    longest gap between the ends of its writes from a second before the fault on."""
+    after = [done for sent, done in writes if sent > fault]
+    ends = sorted(done for _, done in writes if done > fault - 1.0)
+    gaps = [b - a for a, b in zip(ends, ends[1:])]
+    return (min(after) - fault if after else None), max(gaps, default=0.0)
+
+
+def errors_seen(texts: list[str]) -> Counter:
+    """The errors db.run met and retried, by code and message, over these logs."""
+    seen: Counter = Counter()
+    for text in texts:
+        seen.update(re.findall(r"transient database error \(\w+\), attempt \d+ of \d+: (\(\d+, .{0,40})", text))
+    return seen
+
+
+def summary(values: list[float | None]) -> str:
+    known = [v for v in values if v is not None]
+    if not known:
+        return "none"
+    return f"p50 {statistics.median(known):.2f}s max {max(known):.2f}s"
+
+
+@pytest.fixture
+def clients(manage, child_env, tmp_path):
+    """Everything a failover test starts through HAProxy; killed at the end if still alive."""
+    # DEBUG: each retry of db.run is a line of its own, which the test counts.
+    env = {**child_env, "DATABASE_URL": proxy_url(), "LEASES_LOG_LEVEL": "DEBUG"}
+    release = tmp_path / "release"  # lease run's command ends once this file exists
+    started = {"workers": Workers(manage, env, tmp_path), "holders": [], "runs": [], "env": env,
+               "release": release}
+    yield started
+    release.write_text("done")
+    started["workers"].cleanup()
+    for child in started["holders"]:
+        child.proc.kill()
+        child.proc.wait()
+    for proc in started["runs"]:
+        proc.kill()
+        try:
+            proc.communicate(timeout=10)  # its command holds the pipes until it ends
+        except subprocess.TimeoutExpired:
+            pass
+
+
+@pytest.mark.parametrize("fault", ["kill", "stop"])
+def test_clients_carry_on_through_the_next_node(cluster, clients, manage, tmp_path, capsys, fault):
+    env = clients["env"]
+    log = tmp_path / "runs.log"
+    Pool(POOL).add_many([(f"p{i}", None) for i in range(5)])
+    Pool(RUN_POOL).add("only")
+    push_many([("nap", {"n": n, "seconds": 0.05, "log": str(log)}) for n in range(JOBS)])
+
+    workers = [clients["workers"].start("--queue", "default", "--concurrency", "4", "--ttl", str(WORKER_TTL),
+                                        "-v", "2")
+               for _ in range(2)]
+    holder = [sys.executable, "-m", "tests.galera.holder", POOL, str(HOLDER_TTL)]
+    holders = [Child(holder, env) for _ in range(3)]
+    clients["holders"] += holders
+    release = clients["release"]
+    run = start_lease_run(manage, env, RUN_POOL, ["--ttl", f"{RUN_TTL}s", "--wait", "30s"],
+                          [sys.executable, "-c", WAIT_FOR_FILE, str(release)])
+    clients["runs"].append(run)
+
+    # Warm: every client has done work through node1.
+    wait_for(lambda: Job.objects.filter(status=Job.SUCCEEDED).count() >= 200, 60, "the drain to start")
+    wait_for(lambda: Resource.objects.filter(pool=RUN_POOL).exclude(holder="").exists(), 30, "lease run")
+    wait_for(lambda: Resource.objects.filter(pool=POOL).exclude(holder="").count() == 3, 30, "three holders")
+    sessions = re.findall(r"^  (node\d) (\w+).*?(\d+) current sessions", cluster.status(), re.M)
+    assert [(node, up, int(count) > 0) for node, up, count in sessions] == [
+        ("node1", "UP", True), ("node2", "UP", False), ("node3", "UP", False)], sessions  # all on node1
+    time.sleep(1.0)
+
+    getattr(cluster, fault)(1)
+    fault_at = time.time()  # the signal has been sent
+    # lease run's renewals: each new renewed_at of its row (when the statement ran, by the
+    # server's clock, which is this host's) and when this test, on node3, first saw it (so
+    # after it committed).
+    renewals: dict[float, float] = {}
+    healed = False
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        row = Resource.objects.filter(pool=RUN_POOL).values_list("renewed_at", flat=True).first()
+        if row is not None:
+            renewals.setdefault(row.timestamp(), time.time())
+        if not healed and time.time() - fault_at >= (STOPPED_FOR if fault == "stop" else 6.0):
+            # SIGCONT: it finds itself dropped from the cluster and rejoins by IST. A
+            # killed node is started again, under load, and rejoins the same way.
+            cluster.cont(1) if fault == "stop" else cluster.start(1)
+            healed = True
+        if healed and Job.objects.filter(status=Job.SUCCEEDED).count() == JOBS:
+            break
+        time.sleep(0.05)
+    assert healed, "the clients did not run long enough past the fault"
+    wait_for(lambda: Job.objects.filter(status=Job.SUCCEEDED).count() == JOBS, 60, f"{JOBS} jobs succeeded")
+    cluster.wait_synced()  # node1 is back: three nodes, all Synced
+    sizes = {n: cluster.wsrep(n, "wsrep_cluster_size")["wsrep_cluster_size"] for n in (1, 2, 3)}
+    assert sizes == {1: "3", 2: "3", 3: "3"}
+    time.sleep(1.0)  # and the clients go on with node1 back in the cluster
+
+    # Stop everything; nothing may have died on the way.
+    for proc in workers:
+        assert proc.poll() is None, f"worker {proc.pid} died:\n{clients['workers'].stderr(proc)}"
+        os.kill(proc.pid, signal.SIGTERM)
+    for child in holders:
+        assert child.proc.poll() is None, f"holder died:\n{child.log()}"
+        child.proc.stdin.write("stop\n")
+        child.proc.stdin.flush()
+    release.write_text("done")
+    run_out, run_err = run.communicate(timeout=30)
+    assert run.returncode == 0, run_err
+    for proc in workers:
+        assert clients["workers"].wait(proc, 60) == 0, clients["workers"].stderr(proc)
+    for child in holders:
+        assert child.proc.wait(30) == 0, child.log()
+    worker_logs = [clients["workers"].stderr(proc) for proc in workers]
+    holder_events = [[*_drain(child)] for child in holders]
+    for text in [*worker_logs, *(child.log() for child in holders), run_err]:
+        assert "Traceback" not in text, text
+
+    # Jobs: each ran once, none left ready or running, no attempt lost.
+    runs = Counter(n for n, _ in log_lines(log))
+    assert set(runs) == set(range(JOBS)) and set(runs.values()) == {1}, "a job ran twice, or never"
+    assert not Job.objects.exclude(status=Job.SUCCEEDED).exists()
+    assert not JobError.objects.exists(), list(JobError.objects.values_list("job_id", "exception", "message"))
+
+    # Leases: each (resource, token) had one holder, and no two holders' times overlapped.
+    held: dict[tuple[str, int], set[str]] = defaultdict(set)
+    spans: dict[tuple[str, int], list[float]] = {}
+    for events in holder_events:
+        for e in events:
+            if e["event"] == "state" and e["remaining"] > 0:
+                held[(e["name"], e["token"])].add(e["holder"])
+                span = spans.setdefault((e["name"], e["token"]), [e["t"], e["t"]])
+                span[1] = max(span[1], e["t"])
+    assert all(len(holders_) == 1 for holders_ in held.values()), held
+    by_name: dict[str, list[tuple[float, float, int]]] = defaultdict(list)
+    for (name, token), (first, last) in spans.items():
+        by_name[name].append((first, last, token))
+    for name, found in by_name.items():
+        found.sort()
+        for (_, end, token), (begin, _, later) in zip(found, found[1:]):
+            assert end < begin and token < later, f"{name}: {token} held until {end}, {later} from {begin}"
+    final = {e["holder"] for events in holder_events for e in events[-3:] if e["event"] == "state"}
+    assert len(final) == 3  # each holder still held a lease of its own at the end
+
+    # Carrying on: per client, from the fault to its first successful write, and its gaps.
+    # A worker logs each outcome once it is committed; a holder reports each renewal done.
+    # An outcome's finished_at is when its statement ran, by the server's clock.
+    ran = dict(Job.objects.values_list("pk", "finished_at"))
+    measured = {
+        "worker": [carry_on([(ran[pk].timestamp(), at) for pk, at in outcomes_logged(text).items()], fault_at)
+                   for text in worker_logs],
+        "holder": [carry_on([(e["began"], e["t"]) for e in events if e["event"] == "renewed"], fault_at)
+                   for events in holder_events],
+        "lease run": [carry_on(list(renewals.items()), fault_at)],
+    }
+    failed_renewals = sum(e["event"] == "renew-failed" for events in holder_events for e in events)
+    retried = {
+        "worker": merge(retries_in(text) for text in worker_logs),
+        "holder": merge(retries_in(child.log()) for child in holders),
+        "lease run": retries_in(run_err),
+    }
+    loop_errors = sum(text.count("database error, retrying") for text in worker_logs)
+    lines = [f"{fault} node1: failover, per client kind (time to first write after the fault; longest gap)"]
+    for kind, values in measured.items():
+        lines.append(f"  {kind:9}: carry on {summary([v[0] for v in values])};"
+                     f" gap {summary([v[1] for v in values])}; db.run retries {dict(retried[kind])}")
+    lines.append(f"  worker loop 'database error, retrying' lines: {loop_errors};"
+                 f" holders' failed renewals: {failed_renewals}")
+    seen = errors_seen([*worker_logs, *(child.log() for child in holders), run_err])
+    lines.append(f"  errors retried: {dict(seen)}")
+    with capsys.disabled():
+        print("\n[galera] " + "\n".join(lines))
+    for kind, values in measured.items():
+        for first, gap in values:
+            assert first is not None and first < CARRY_ON_WITHIN, (kind, values, lines)
+            assert gap < LONGEST_GAP, (kind, values, lines)
+
+
+def _drain(child: Child):
+    """Every JSON line the child printed."""
+    import json
+    import queue
+
+    while True:
+        try:
+            yield json.loads(child.events.get(timeout=0.5))
+        except queue.Empty:
+            return
