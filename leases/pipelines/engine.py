@@ -125,8 +125,13 @@ def _now(cursor: Any) -> datetime:
 
 
 def _locked(run_id: int, using: str) -> Run | None:
-    """The run's row, locked; its definition comes from the cache, its context unread."""
-    return Run.objects.using(using).select_for_update().defer("definition", "context").filter(pk=run_id).first()
+    """The run's row, locked by writing it (its revision): on Galera a row lock binds its
+    own node only, and two nodes' events about one run are refused at COMMIT, all but one,
+    only if they wrote a row in common. Its definition comes from the cache, its context
+    unread."""
+    if not Run.objects.using(using).filter(pk=run_id).update(revision=F("revision") + 1):
+        return None
+    return Run.objects.using(using).defer("definition", "context").filter(pk=run_id).first()
 
 
 Definition = tuple[dict[str, Stage], dict[str, tuple[str, ...]]]

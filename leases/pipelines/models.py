@@ -54,6 +54,9 @@ class Run(models.Model):
     queued_at = models.DateTimeField()
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    #: Counts the engine's decisions about the run; each writes it, so that two of them on
+    #: two nodes of a Galera cluster conflict (see engine._locked).
+    revision = models.PositiveBigIntegerField(default=0, editable=False)
 
     objects = RunQuerySet.as_manager()
 

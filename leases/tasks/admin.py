@@ -992,7 +992,7 @@ class LimitKeyAdmin(ReadOnly):
         ).order_by("-n_blocked", "name")  # the keys holding most back first
 
     def get_list_display(self, request):
-        return ("name", "running", "blocked", "ready", "concurrency", "rate", "at_limit")
+        return ("name", "running", "blocked", "ready", "concurrency", "rate", "at_limit", "decisions")
 
     def _limits(self, obj: LimitKey) -> limits.Limits:
         return limits.limits_for(obj.name, obj.job_concurrency, obj.job_rate or "", self.using)

@@ -132,13 +132,17 @@ def limits_for(key: str, concurrency: int | None, rate: str, using: str) -> Limi
 # -- decisions, in the claim's and the outcomes' transactions -----------------------------
 
 LIMITS = {
-    # The rows whose locks serialise decisions about keys: completed with "(%s)" per key,
-    # then "ensure_tail". params: keys
-    "ensure": "INSERT INTO {k} (name) VALUES ",
-    "ensure_tail": " {upsert[name]} name = {new[name]}",
-    # Completed with the keys, then "for_update". One order everywhere: no deadlock.
-    "lock_in": "SELECT name FROM {k} WHERE name IN (",
-    "for_update": " ORDER BY name{for_update}",
+    # The rows whose locks serialise decisions about keys. Each decision writes its keys'
+    # rows (a counter), not only locks them: on Galera a row lock is local to its node and
+    # only written rows are certified, so two nodes deciding about one key must both write
+    # it for one of them to be refused at COMMIT (and retried). The range read over the
+    # unique index locks in name order everywhere: no deadlock. Completed with the keys.
+    "touch": "UPDATE {k} SET decisions = decisions + 1 WHERE name IN (",
+    # Which of the keys have a row (after "touch", which locked them). Completed with keys.
+    "existing": "SELECT name FROM {k} WHERE name IN (",
+    # The keys without a row yet: completed with "(%s, 1)" per key, then "ensure_tail".
+    "ensure": "INSERT INTO {k} (name, decisions) VALUES ",
+    "ensure_tail": " {upsert[name]} decisions = decisions + 1",
     # Running jobs per key, through (limit_key, status). Completed with keys, "by_key".
     "running": "SELECT limit_key, COUNT(*) FROM {j} WHERE status = 1 AND limit_key IN (",
     # Starts per key since a moment, and the oldest. params: since, then the keys, "by_key"
@@ -166,14 +170,15 @@ LIMITS = {
 
 
 def _lock(cursor: Any, keys: list[str]) -> None:
-    """Lock the keys' rows, in name order, making those that do not exist yet."""
+    """Lock the keys' rows by writing them (see "touch"), making those that do not exist yet."""
     st = statements(cursor.db, "limits")
-    cursor.execute(st.lock_in + in_list(keys) + st.for_update, keys)
+    cursor.execute(st.touch + in_list(keys), keys)
+    if cursor.rowcount == len(keys):
+        return
+    cursor.execute(st.existing + in_list(keys), keys)
     missing = sorted(set(keys) - {row[0] for row in cursor.fetchall()})
     if missing:
-        cursor.execute(st.ensure + ", ".join(["(%s)"] * len(missing)) + st.ensure_tail, missing)
-        cursor.execute(st.lock_in + in_list(missing) + st.for_update, missing)
-        cursor.fetchall()
+        cursor.execute(st.ensure + ", ".join(["(%s, 1)"] * len(missing)) + st.ensure_tail, missing)
 
 
 def _per_key(cursor: Any, sql: str, keys: list[str], head: tuple = ()) -> dict[str, tuple]:

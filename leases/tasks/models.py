@@ -375,9 +375,11 @@ class LimitRule(models.Model):
 
 class LimitKey(models.Model):
     """One row per key that has been limited: the lock that makes the decisions about the
-    key (who may start, who waits) one at a time across workers."""
+    key (who may start, who waits) one at a time across workers. Each decision counts
+    itself here, so that it writes the row (which Galera certifies) as well as locking it."""
 
     name = models.CharField(max_length=KEY_LENGTH, unique=True)
+    decisions = models.PositiveBigIntegerField(default=0, editable=False)
 
     class Meta:
         ordering = ["name"]
