@@ -33,10 +33,14 @@ log = logging.getLogger("leases.db")
 T = TypeVar("T")
 
 # MySQL/MariaDB error numbers (first element of the driver's exception args).
-_RETRY_CODES = {1205, 1213}  # lock wait timeout, deadlock (and Galera's certification failure)
+# Lock wait timeout, deadlock (and Galera's certification failure), and Group
+# Replication's rollback of a conflicting transaction at COMMIT (InnoDB Cluster).
+_RETRY_CODES = {1205, 1213, 3101}
 # The connection died under a statement: server gone, lost connection (a read timeout
-# too), idle disconnect, killed, server shutting down.
-_RECONNECT_CODES = {2006, 2013, 2055, 4031, 1927, 1053}
+# too), idle disconnect, killed, server shutting down; or the node left its Galera
+# cluster's primary component (1047, "WSREP has not yet prepared node"): a new
+# connection through a proxy reaches a node that is in it.
+_RECONNECT_CODES = {2006, 2013, 2055, 4031, 1927, 1053, 1047}
 # No connection could be made: refused, no socket, unknown host, too many connections.
 _UNREACHABLE_CODES = {2002, 2003, 2005, 1040}
 

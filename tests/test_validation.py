@@ -159,6 +159,8 @@ def test_clean_text_escapes_surrogates_and_keeps_head_and_tail():
         (OperationalError(2006, "Server has gone away"), True),
         (OperationalError(2003, "Can't connect to server (111)"), True),
         (OperationalError("database is locked"), True),
+        (OperationalError(1047, "WSREP has not yet prepared node for application use"), True),
+        (OperationalError(3101, "Plugin instructed the server to rollback the current transaction."), True),
         (InterfaceError(0, ""), True),
         (OperationalError(1054, "Unknown column"), False),
         (OperationalError(1045, "Access denied"), False),
