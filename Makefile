@@ -6,7 +6,7 @@ PYTHON ?= python3
 PY     := $(VENV)/bin/python
 USES_MYSQL := $(findstring mysql,$(firstword $(subst :, ,$(DATABASE_URL))))
 
-.PHONY: venv demo test bench bench-queue bench-pipelines soak clean galera-up galera-down test-galera
+.PHONY: venv demo test bench bench-queue bench-pipelines bench-capacity soak clean galera-up galera-down test-galera
 
 $(VENV)/.installed: requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +43,10 @@ bench-queue: $(VENV)/.bench $(if $(findstring sqlite,$(BENCH_ARGS)),,$(VENV)/.my
 # The pipeline engine's bench, on its own database: MariaDB unless BENCH_ARGS="--database sqlite".
 bench-pipelines: $(VENV)/.bench $(if $(findstring sqlite,$(BENCH_ARGS)),,$(VENV)/.mysql)
 	$(PY) bench/pipelines.py $(BENCH_ARGS)
+
+# One server, the Galera cluster through HAProxy (if it is up) and two databases, side by side.
+bench-capacity: $(VENV)/.bench $(VENV)/.mysql
+	$(PY) bench/capacity.py $(BENCH_ARGS)
 
 # Every fault at once for about ten minutes, on its own MariaDB database (see README, Guarantees).
 soak: $(VENV)/.mysql
