@@ -60,6 +60,9 @@ class ResourceThread(threading.Thread):
         self.lease: Lease | None = None
         self._stopping = threading.Event()
         self._swap = threading.Lock()  # one thread at a time replaces self.lease
+        # Held while a new lease is published and while terminate() stops: a lease
+        # acquired as terminate() comes is released by exactly one of the two.
+        self._publish = threading.Lock()
 
     def is_valid(self) -> bool:
         """Whether `self.lease`'s resource works (a proxy answers, an account logs in).
@@ -119,10 +122,13 @@ class ResourceThread(threading.Thread):
                 wait = min(self._poll, self.wait_step)
                 lease = self._pool.acquire(ttl=self.ttl, wait=wait, holder=self.holder)
                 failures = 0
-                if self._stopping.is_set():  # terminate() came while we were acquiring
+                with self._publish:
+                    stopped = self._stopping.is_set()
+                    if not stopped:
+                        self.lease = lease
+                if stopped:  # terminate() came while we were acquiring
                     self._let_go(lease, self._poll)
                     return
-                self.lease = lease
                 reason = self._invalid()
                 if reason is None:
                     self._report(lease, lost, troubled, started)
@@ -196,11 +202,13 @@ class ResourceThread(threading.Thread):
         lease it could not release in that time frees itself after `ttl`.
         """
         deadline = time.monotonic() + timeout
-        self._stopping.set()
+        with self._publish:
+            self._stopping.set()
+            lease = self.lease
         # Release first: it needs only the lease's lock, which a healthy heartbeat holds
         # for milliseconds; a renewal stuck in the database makes it time out and say so.
-        if self.lease is not None:
-            self._let_go(self.lease, timeout)
+        if lease is not None:
+            self._let_go(lease, timeout)
         if self.is_alive() and threading.current_thread() is not self:
             self.join(max(0.0, deadline - time.monotonic()))
 

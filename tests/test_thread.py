@@ -111,6 +111,41 @@ def test_terminate_releases_and_stops(accounts, crawler):
     assert accounts.stats()["held"] == 0
 
 
+class TerminatedAsAcquired(threading.Event):
+    """The thread's stop event: the first time start() asks it after an acquire came
+    back, terminate() runs in another thread (for up to 1 s) before the answer, "not
+    stopped", is given: terminate() lands in the instant between the two."""
+
+    def __init__(self, thread):
+        super().__init__()
+        self.thread, self.armed = thread, False
+
+    def is_set(self):
+        if self.armed and threading.current_thread() is not self.thread and not super().is_set():
+            self.armed = False
+            other = threading.Thread(target=self.thread.terminate)
+            other.start()
+            other.join(1.0)  # it may have to wait for the lease to be published first
+            return False
+        return super().is_set()
+
+
+def test_terminate_as_an_acquire_comes_back_releases_what_it_got(accounts, crawler, monkeypatch):
+    thread = crawler(ttl=30)  # so only a release frees it within the test
+    stop = thread._stopping = TerminatedAsAcquired(thread)
+    real = thread._pool.acquire
+
+    def acquire(*args, **kwargs):
+        lease = real(*args, **kwargs)
+        stop.armed = True
+        return lease
+
+    monkeypatch.setattr(thread._pool, "acquire", acquire)
+    thread.start()
+    wait_for(lambda: accounts.stats()["held"] == 0, timeout=3)  # released, not left to its ttl
+    assert not thread.is_alive()
+
+
 def _hold_briefly(pool_name, names):
     for _ in names:
         Pool(pool_name).acquire(ttl=0.8)
