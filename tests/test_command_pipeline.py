@@ -13,8 +13,8 @@ import pytest
 from django.core.management import CommandError, call_command
 
 import tests.pipes  # registers crawl-site, three-by-five and the p.* handlers
-from leases.pipelines import Pipeline, Stage, engine
 from leases.management.text import span
+from leases.pipelines import Pipeline, Stage, engine
 from leases.pipelines.management.commands.pipeline import bar
 from leases.pipelines.models import Run, StageRun, TaskRun
 from leases.tasks import queue as jobqueue

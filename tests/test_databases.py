@@ -11,7 +11,6 @@ from django.contrib.admin.models import LogEntry
 from django.contrib.auth.models import User
 from django.core.checks import run_checks
 from django.db import connections
-from django.test import override_settings
 
 import leases.db
 import tests.jobs  # noqa: F401 - registers the handlers

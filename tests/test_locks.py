@@ -9,8 +9,7 @@ from multiprocessing import get_context
 
 import pytest
 
-from leases import LeaseLost, Locked, break_lock, lock, synchronized
-from leases import db
+from leases import LeaseLost, Locked, break_lock, db, lock, synchronized
 from leases.locks import _attempt, acquire_lock
 from leases.models import Lock
 

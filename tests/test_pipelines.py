@@ -20,9 +20,9 @@ from leases.exceptions import UnknownHandler
 from leases.pipelines import Pipeline, Stage, engine, signals
 from leases.pipelines.definition import from_snapshot, get, upstream
 from leases.pipelines.models import Run, StageRun, TaskRun
+from leases.pool import db_now
 from leases.tasks import queue as jobqueue
 from leases.tasks.models import Job
-from leases.pool import db_now
 from leases.tasks.worker import Worker
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("fresh_queue_settings")]

@@ -8,8 +8,7 @@ from datetime import timedelta
 import pytest
 from django.db import OperationalError, connection, transaction
 
-from leases import LeaseLost, NoResourceAvailable, Pool, UnknownPool, UnknownResource
-from leases import db
+from leases import LeaseLost, NoResourceAvailable, Pool, UnknownPool, UnknownResource, db
 from leases.lease import Heartbeat, release_within
 from leases.models import Resource
 from leases.pool import db_now
