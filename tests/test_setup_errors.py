@@ -25,7 +25,8 @@ def test_commands_say_to_migrate_when_the_tables_are_missing(manage, child_env, 
     assert run(manage, env, "migrate", "-v0").returncode == 0
     assert run(manage, env, "migrate", "-v0", "leases_tasks", "0006").returncode == 0  # as before an upgrade
     half = run(manage, env, "jobs", "stats")
-    assert half.returncode == 1 and "lacks migrations of django-leases (leases_tasks.0007_status_names)" in half.stderr
+    assert half.returncode == 1 and "lacks migrations of django-leases (leases_tasks.0007_status_names," in half.stderr
+    assert "leases.0" not in half.stderr  # only what is missing is named
 
     assert run(manage, env, "migrate", "-v0").returncode == 0
     assert run(manage, env, "lease", "list").returncode == 0
