@@ -6,11 +6,28 @@ Import it after DATABASE_URL names the bench's database and before ``django.setu
 """
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from django.conf import settings
 
-from project.createdb import create_database  # noqa: F401 - the benches make their database with it
+from project.createdb import create_database
+
+
+def databases(name: str) -> dict[str, str]:
+    """The bench `name`'s own databases, never the project's: it fills and empties tables."""
+    return {"mariadb": f"mysql://root@127.0.0.1:3306/bench_{name}", "sqlite": f"sqlite:////tmp/bench_{name}/db.sqlite3"}
+
+
+def setup(name: str, choice: str | None) -> None:
+    """Point DATABASE_URL at the bench's database (`choice`: mariadb, sqlite or a URL;
+    None for mariadb), create it if missing, and set Django up."""
+    import django
+
+    known = databases(name)
+    os.environ["DATABASE_URL"] = known.get(choice or "mariadb", choice or "")
+    create_database()
+    django.setup()
 
 
 def raw_connect(with_db: bool = True) -> Any:

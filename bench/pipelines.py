@@ -53,15 +53,16 @@ _HERE = Path(__file__).resolve().parent
 # The folder of this file holds queue.py, which on sys.path would shadow the standard
 # library's `queue` that the worker and multiprocessing import. Keep the checkout only.
 sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() not in (_HERE, ROOT)]
+
+from bench.benchdb import database_version, databases, setup  # noqa: E402
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
-DATABASES = {"mariadb": "mysql://root@127.0.0.1:3306/bench_pipelines",
-             "sqlite": "sqlite:////tmp/bench_pipelines/db.sqlite3"}
 
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--database", default="mariadb",
-                        help=f"mariadb, sqlite, or a DATABASE_URL (default mariadb: {DATABASES['mariadb']})")
+                        help=f"mariadb, sqlite, or a DATABASE_URL (default mariadb: {databases('pipelines')['mariadb']})")
     parser.add_argument("--quick", action="store_true", help="a short smoke run (small counts, one repeat)")
     parser.add_argument("--runs", type=int, default=None, help="runs of 3 x 4 tasks per pipeline drain (500)")
     parser.add_argument("--procs", type=int, default=2, help="worker processes (2)")
@@ -77,16 +78,8 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-# Its own database, never the project's DATABASE_URL: the bench fills and empties tables.
 ARGS = parse_args() if __name__ == "__main__" else None
-os.environ["DATABASE_URL"] = DATABASES.get(ARGS.database, ARGS.database) if ARGS else DATABASES["mariadb"]
-
-import django
-
-from bench.benchdb import create_database, database_version  # noqa: E402
-
-create_database()
-django.setup()
+setup("pipelines", ARGS.database if ARGS else None)
 
 from django.core.management import call_command
 from django.db import connections

@@ -37,14 +37,16 @@ _HERE = Path(__file__).resolve().parent
 # This file is named queue.py: with its folder on sys.path it would shadow the standard
 # library's `queue`, which the worker and multiprocessing import. Keep the checkout only.
 sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() not in (_HERE, ROOT)]
+
+from bench.benchdb import database_version, databases, raw_connect, setup  # noqa: E402
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
-DATABASES = {"mariadb": "mysql://root@127.0.0.1:3306/bench_queue", "sqlite": "sqlite:////tmp/bench_queue/db.sqlite3"}
 
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--database", default="mariadb",
-                        help="mariadb, sqlite, or a DATABASE_URL (default mariadb: " + DATABASES["mariadb"] + ")")
+                        help="mariadb, sqlite, or a DATABASE_URL (default mariadb: " + databases("queue")["mariadb"] + ")")
     parser.add_argument("--quick", action="store_true", help="a short smoke run (small counts, one repeat)")
     parser.add_argument("--drain-jobs", type=int, default=None, help="jobs per drain run at 2 processes x 16, fewer below (20000)")
     parser.add_argument("--concurrency", default="1,4,16", help="worker concurrencies (1,4,16)")
@@ -56,16 +58,8 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-# Its own database, never the project's DATABASE_URL: the bench fills and empties tables.
 ARGS = parse_args() if __name__ == "__main__" else None
-os.environ["DATABASE_URL"] = DATABASES.get(ARGS.database, ARGS.database) if ARGS else DATABASES["mariadb"]
-
-import django  # noqa: E402
-
-from bench.benchdb import create_database, database_version, raw_connect  # noqa: E402
-
-create_database()
-django.setup()
+setup("queue", ARGS.database if ARGS else None)
 
 from django.core.management import call_command  # noqa: E402
 from django.db import connections  # noqa: E402

@@ -29,9 +29,10 @@ _HERE = Path(__file__).resolve().parent
 # The folder of this file holds queue.py, which on sys.path would shadow the standard
 # library's `queue`. Keep the checkout only.
 sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() not in (_HERE, ROOT)]
+
+from bench.benchdb import database_version, setup  # noqa: E402
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
-DATABASES = {"mariadb": "mysql://root@127.0.0.1:3306/bench_schedules",
-             "sqlite": "sqlite:////tmp/bench_schedules/db.sqlite3"}
 
 
 def parse_args() -> argparse.Namespace:
@@ -44,14 +45,7 @@ def parse_args() -> argparse.Namespace:
 
 
 ARGS = parse_args() if __name__ == "__main__" else None
-os.environ["DATABASE_URL"] = DATABASES.get(ARGS.database, ARGS.database) if ARGS else DATABASES["mariadb"]
-
-import django  # noqa: E402
-
-from bench.benchdb import create_database, database_version  # noqa: E402
-
-create_database()
-django.setup()
+setup("schedules", ARGS.database if ARGS else None)
 
 from django.core.management import call_command  # noqa: E402
 
