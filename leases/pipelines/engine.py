@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any, Callable, Iterator, TypeVar
 
-from django.db import IntegrityError, connections, transaction
+from django.db import IntegrityError, connections, models, transaction
 from django.db.models import F, Min, Subquery
 
 from leases import db, routing
@@ -59,6 +59,7 @@ EVENT_ATTEMPTS = 1000
 CHUNK = 500
 
 T = TypeVar("T")
+M = TypeVar("M", bound=models.Model)
 
 
 # -- starting ---------------------------------------------------------------------------
@@ -124,14 +125,41 @@ def _now(cursor: Any) -> datetime:
     return db.to_datetime(cursor.fetchone()[0])
 
 
+def _load(model: type[M], using: str, tail: str, params: list, leave_out: tuple[str, ...] = ()) -> list[M]:
+    """Instances of `model` from "SELECT <its columns> " + `tail`, as the ORM would make
+    them (datetimes aware, `leave_out` deferred), without building a query."""
+    connection = connections[using]
+    fields = [f for f in model._meta.concrete_fields if f.attname not in leave_out]
+    quote = connection.ops.quote_name
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT " + ", ".join(quote(f.column) for f in fields) + " " + tail, params)
+        rows = cursor.fetchall()
+    names = [f.attname for f in fields]
+    times = [i for i, f in enumerate(fields) if isinstance(f, models.DateTimeField)]
+    found = []
+    for row in rows:
+        values = list(row)
+        for i in times:
+            if values[i] is not None:
+                values[i] = db.to_datetime(values[i])
+        found.append(model.from_db(using, names, values))
+    return found
+
+
 def _locked(run_id: int, using: str) -> Run | None:
     """The run's row, locked by writing it (its revision): on Galera a row lock binds its
     own node only, and two nodes' events about one run are refused at COMMIT, all but one,
     only if they wrote a row in common. Its definition comes from the cache, its context
     unread."""
-    if not Run.objects.using(using).filter(pk=run_id).update(revision=F("revision") + 1):
-        return None
-    return Run.objects.using(using).defer("definition", "context").filter(pk=run_id).first()
+    connection = connections[using]
+    st = statements(connection, "pipeline")
+    with connection.cursor() as cursor:
+        cursor.execute(st.lock_run, [run_id])
+        if cursor.rowcount != 1:
+            return None
+    table = connection.ops.quote_name(Run._meta.db_table)
+    found = _load(Run, using, f"FROM {table} WHERE id = %s", [run_id], leave_out=("definition", "context"))
+    return found[0] if found else None
 
 
 Definition = tuple[dict[str, Stage], dict[str, tuple[str, ...]]]
@@ -170,7 +198,9 @@ def _definition(run: Run) -> Definition:
 
 
 def _stages(run: Run, using: str) -> dict[str, StageRun]:
-    return {stage.name: stage for stage in StageRun.objects.using(using).filter(run=run)}
+    """The run's stages by name, in definition order."""
+    tail = statements(connections[using], "pipeline").run_stages
+    return {stage.name: stage for stage in _load(StageRun, using, tail, [run.pk])}
 
 
 def _usable(stage: StageRun, spec: Stage) -> bool:
@@ -236,9 +266,11 @@ def _start_stage(run: Run, stage: StageRun, spec: Stage, now: datetime, using: s
     TaskRun.objects.using(using).bulk_create(rows, batch_size=CHUNK)
     count = len(rows)
     first = rows[: count if spec.limit is None else spec.limit]
-    changed = StageRun.objects.using(using).filter(pk=stage.pk, status=StageRun.WAITING).update(
-        status=StageRun.RUNNING, total=count, pending=count, waiting=count - len(first), queued_at=now,
-    )
+    connection = connections[using]
+    with connection.cursor() as cursor:
+        cursor.execute(statements(connection, "pipeline").stage_started,
+                       [count, count, count - len(first), db.dialect(connection).stored_datetime(now), stage.pk])
+        changed = cursor.rowcount
     if changed != 1:  # cannot happen under the run's lock; refuse rather than start twice
         raise RuntimeError(f"stage {stage.name!r} of run #{run.pk} was started by someone else")
     stage.status, stage.total, stage.pending, stage.queued_at = StageRun.RUNNING, count, count, now
@@ -262,13 +294,15 @@ def _top_up(run: Run, stage: StageRun, spec: Stage, now: datetime, using: str) -
         free = min(free, spec.limit - (stage.pending - stage.waiting))
     if free <= 0:
         return
-    chosen = list(
-        TaskRun.objects.using(using).filter(stage=stage, status=TaskRun.WAITING).order_by("position")
-        .only("pk", "task")[:free]
-    )
+    connection = connections[using]
+    st = statements(connection, "pipeline")
+    with connection.cursor() as cursor:
+        cursor.execute(st.next_waiting, [stage.pk, free])
+        chosen = [TaskRun.from_db(using, ["id", "task"], row) for row in cursor.fetchall()]
     for start in range(0, len(chosen), CHUNK):
         _queue(run, stage, chosen[start : start + CHUNK], now, using)
-    StageRun.objects.using(using).filter(pk=stage.pk).update(waiting=F("waiting") - len(chosen))
+    with connection.cursor() as cursor:
+        cursor.execute(st.took_waiting, [len(chosen), stage.pk])
     stage.waiting -= len(chosen)
 
 
@@ -283,11 +317,11 @@ def _queue(run: Run, stage: StageRun, tasks: list[TaskRun], now: datetime, using
             max_attempts=spec.max_attempts, backend=BACKEND, on_finish=TASK_ENDED,
         ))
     connection = connections[using]
+    keys = [job.key for job in new]
     with connection.cursor() as cursor:
         jobqueue.write(cursor, new)
-    ids = dict(
-        Job.objects.using(using).filter(pending_key__in=[job.key for job in new]).values_list("pending_key", "id")
-    )
+        cursor.execute(statements(connection, "pipeline").jobs_by_key + in_list(keys), keys)
+        ids = dict(cursor.fetchall())
     update_each(
         connection, db.table(TaskRun, connection), {task.pk: {"job_id": ids[job.key]} for task, job in zip(tasks, new)},
         fixed={"status": TaskRun.QUEUED, "queued_at": now},
@@ -299,9 +333,13 @@ def _finish_stage(run: Run, stage: StageRun, now: datetime, using: str) -> None:
     saying why."""
     status = StageRun.FAILED if stage.failed_tasks else StageRun.SUCCEEDED
     error = (stage.error or _first_failure(stage, using)) if stage.failed_tasks else ""
-    if StageRun.objects.using(using).filter(pk=stage.pk, status=StageRun.RUNNING).update(
-        status=status, finished_at=now, started_at=_first_start(stage), error=error[:10000],
-    ) == 1:
+    connection = connections[using]
+    with connection.cursor() as cursor:
+        cursor.execute(statements(connection, "pipeline").stage_ended, [
+            status, db.dialect(connection).stored_datetime(now), error[:10000], stage.pk, stage.pk,
+        ])
+        ended = cursor.rowcount == 1
+    if ended:
         stage.status, stage.finished_at, stage.error = status, now, error
         log.info("pipeline %s run #%d: stage %s %s (%d task(s))", run.pipeline, run.pk, stage.name, status, stage.total)
         _after_commit(using, signals.stage_finished, run=run, stage=stage)
@@ -352,31 +390,38 @@ def _end_run(run: Run, status: str, error: str, now: datetime, using: str,
     Jobs are cancelled before stage rows are touched: a worker recording an outcome
     holds its job's row and then wants its stage's, so the reverse order could deadlock.
     """
-    fields: dict[str, Any] = {"status": status, "error": error[:10000], "finished_at": now}
-    if run.key:
-        fields["live_key"] = None  # a new run of the key may start
-    if Run.objects.using(using).filter(pk=run.pk, status__in=Run.LIVE).update(**fields) != 1:
-        return False
-    for name, value in fields.items():
-        setattr(run, name, value)
-    tasks = TaskRun.objects.using(using).filter(run=run)
-    tasks.filter(status=TaskRun.WAITING).update(
-        status=TaskRun.CANCELLED if status == Run.CANCELLED else TaskRun.SKIPPED, finished_at=now,
-    )
-    queued = list(tasks.filter(status=TaskRun.QUEUED).values_list("job_id", flat=True))
+    connection = connections[using]
+    st, stored = statements(connection, "pipeline"), db.dialect(connection).stored_datetime(now)
+    with connection.cursor() as cursor:
+        # A keyed run frees its key: a new run of the key may start.
+        cursor.execute(st.end_run, [status, error[:10000], stored, bool(run.key), run.pk])
+        if cursor.rowcount != 1:
+            return False
+        run.status, run.error, run.finished_at = status, error[:10000], now
+        if run.key:
+            run.live_key = None
+        skipped = TaskRun.CANCELLED if status == Run.CANCELLED else TaskRun.SKIPPED
+        cursor.execute(st.end_waiting, [skipped, stored, run.pk])
+        cursor.execute(st.queued_jobs, [run.pk])
+        queued = [job_id for (job_id,) in cursor.fetchall()]
     for start in range(0, len(queued), CHUNK):
         jobqueue.cancel(queued[start : start + CHUNK], using)
-    open_stages = StageRun.objects.using(using).filter(run=run, status__in=(StageRun.WAITING, StageRun.RUNNING))
     if failed is not None:
         stage, reason = failed
-        if open_stages.filter(pk=stage.pk).update(
+        open_stage = StageRun.objects.using(using).filter(pk=stage.pk, status__in=(StageRun.WAITING, StageRun.RUNNING))
+        if open_stage.update(
             status=StageRun.FAILED, error=reason[:10000], finished_at=now, started_at=_first_start(stage),
         ) == 1:
             stage.status, stage.error, stage.finished_at = StageRun.FAILED, reason, now
             _after_commit(using, signals.stage_finished, run=run, stage=stage)
-    open_stages.update(status=StageRun.CANCELLED, finished_at=now)
-    run.started_at = run.started_at or tasks.aggregate(first=Min("started_at"))["first"]
-    Run.objects.using(using).filter(pk=run.pk).update(started_at=run.started_at)
+    with connection.cursor() as cursor:
+        cursor.execute(st.end_stages, [stored, run.pk])
+        if run.started_at is None:
+            cursor.execute(st.first_start, [run.pk])
+            first = cursor.fetchone()[0]
+            run.started_at = db.to_datetime(first) if first is not None else None
+            if run.started_at is not None:
+                cursor.execute(st.run_started, [db.dialect(connection).stored_datetime(run.started_at), run.pk])
     log.log(
         logging.INFO if status == Run.SUCCEEDED else logging.WARNING,
         "pipeline %s run #%d %s%s", run.pipeline, run.pk, status, f": {error}" if error else "",

@@ -1,6 +1,7 @@
-"""The statements on the engine's per-task paths, as SQL: a task's payload when its job
-runs, and its outcome when its job ends. They run once per task, where the ORM's query
-building costs more than the database does; the rest of the engine uses the ORM.
+"""The statements on the engine's hot paths, as SQL: a task's payload when its job runs,
+its outcome when its job ends, and the advance event's steps at each stage's end. They
+run once per task or stage, where the ORM's query building costs more than the database
+does; the rarer steps (failures, operators' actions, the run's end) use the ORM.
 
 Statuses are those of `TaskRun` and `StageRun` ('queued', 'running', ...) and of `Job`
 (2 succeeded, 5 cancelled). Lists of ids are appended at run time, one placeholder per
@@ -56,6 +57,48 @@ PIPELINE = {
     ),
     # params: stage ids
     "stages": "SELECT id, run_id, status, pending, waiting FROM {s} WHERE id IN (",
+    # -- the advance event's steps, once per stage of every run --
+    # The run's lock: a write (see engine._locked). params: run id
+    "lock_run": "UPDATE {r} SET revision = revision + 1 WHERE id = %s",
+    # A run's stages, in definition order; completed with the columns. params: run id
+    "run_stages": "FROM {s} WHERE run_id = %s ORDER BY position",
+    # A stage's tasks were made: it runs. params: total, pending, waiting, queued_at, stage id
+    "stage_started": (
+        "UPDATE {s} SET status = 'running', total = %s, pending = %s, waiting = %s, queued_at = %s"
+        " WHERE id = %s AND status = 'waiting'"
+    ),
+    # Its tasks all finished; it started when its first task did. params: status,
+    # finished_at, error, stage id, stage id
+    "stage_ended": (
+        "UPDATE {s} SET status = %s, finished_at = %s, error = %s,"
+        " started_at = (SELECT MIN(started_at) FROM {t} WHERE stage_id = %s)"
+        " WHERE id = %s AND status = 'running'"
+    ),
+    # A stage's next tasks to queue, in order. params: stage id, how many
+    "next_waiting": "SELECT id, task FROM {t} WHERE stage_id = %s AND status = 'waiting' ORDER BY position LIMIT %s",
+    # params: how many were queued, stage id
+    "took_waiting": "UPDATE {s} SET waiting = waiting - %s WHERE id = %s",
+    # The jobs just written for tasks, by their keys. params: keys
+    "jobs_by_key": "SELECT pending_key, id FROM {j} WHERE pending_key IN (",
+    # -- the run's end --
+    # params: status, error, finished_at, whether its key is freed, run id
+    "end_run": (
+        "UPDATE {r} SET status = %s, error = %s, finished_at = %s,"
+        " live_key = CASE WHEN %s THEN NULL ELSE live_key END"
+        " WHERE id = %s AND status IN ('running', 'paused')"
+    ),
+    # Its tasks not queued yet will not be. params: their status, finished_at, run id
+    "end_waiting": "UPDATE {t} SET status = %s, finished_at = %s WHERE run_id = %s AND status = 'waiting'",
+    # The jobs of its queued tasks, to cancel those still waiting. params: run id
+    "queued_jobs": "SELECT job_id FROM {t} WHERE run_id = %s AND status = 'queued'",
+    # Its stages that had not ended. params: finished_at, run id
+    "end_stages": (
+        "UPDATE {s} SET status = 'cancelled', finished_at = %s WHERE run_id = %s AND status IN ('waiting', 'running')"
+    ),
+    # When it started: when its first task did. params: run id
+    "first_start": "SELECT MIN(started_at) FROM {t} WHERE run_id = %s",
+    # params: started_at, run id
+    "run_started": "UPDATE {r} SET started_at = %s WHERE id = %s",
 }
 
 register("pipeline", PIPELINE, {
