@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Callable, Iterable, Iterator
 
-from django.db import Error, connections, transaction
+from django.db import Error, IntegrityError, connections, transaction
 
 from . import db, routing
 from .exceptions import NoResourceAvailable, UnknownPool, UnknownResource
@@ -169,18 +169,30 @@ class Pool:
         check_slots(slots)
         if data is not None:
             check_data(data)
-        with transaction.atomic(using=self.using):
-            rows = self._objects().select_for_update().filter(pool=self.name, name=name)
-            have = {slot: data_ for slot, data_ in rows.values_list("slot", "data")}
-            if data is None:
-                data = have.get(0, {})
-            elif have:
-                rows.update(data=data)
-            self._objects().bulk_create(
-                Resource(pool=self.name, name=name, slot=slot, data=data) for slot in range(slots) if slot not in have
-            )
-            rows.filter(slot__gte=slots).delete()
-        return not have
+
+        def attempt() -> bool:
+            with transaction.atomic(using=self.using):
+                rows = self._objects().select_for_update().filter(pool=self.name, name=name)
+                have = {slot: data_ for slot, data_ in rows.values_list("slot", "data")}
+                kept = have.get(0, {}) if data is None else data
+                if data is not None and have:
+                    rows.update(data=data)
+                self._objects().bulk_create(
+                    Resource(pool=self.name, name=name, slot=slot, data=kept) for slot in range(slots) if slot not in have
+                )
+                rows.filter(slot__gte=slots).delete()
+            return not have
+
+        def work(cursor: Any, resumed: bool) -> bool:
+            # Two adds of one new resource race: the second to insert meets the first's
+            # rows (a duplicate key), or on a Galera cluster is refused at COMMIT (1213,
+            # retried by db.run); either way it does its add again, over those rows.
+            try:
+                return attempt()
+            except IntegrityError:
+                return attempt()
+
+        return db.run(work, self.using)
 
     def add_many(
         self,
@@ -198,18 +210,28 @@ class Pool:
             check_name(name, "resource name", RESOURCE_NAME_LENGTH)
             rows.append((name, check_data(data)))
         upsert = db.upsert(connections[self.using], ["pool", "name", "slot"], ["data"])
-        with transaction.atomic(using=self.using):
-            for start in range(0, len(rows), batch_size):
-                batch = rows[start : start + batch_size]
-                with_data = [Resource(pool=self.name, name=n, data=d) for n, d in batch if d is not None]
-                bare = [Resource(pool=self.name, name=n) for n, d in batch if d is None]
-                objects = self._objects()
-                if with_data:
-                    objects.bulk_create(with_data, **upsert)
-                if bare:
-                    objects.bulk_create(bare, ignore_conflicts=True)
-                if progress:
-                    progress(len(batch))
+
+        told = 0  # rows reported to `progress`: an import done again (db.run) counts once
+
+        def work(cursor: Any, resumed: bool) -> None:
+            nonlocal told
+            with transaction.atomic(using=self.using):
+                for start in range(0, len(rows), batch_size):
+                    batch = rows[start : start + batch_size]
+                    with_data = [Resource(pool=self.name, name=n, data=d) for n, d in batch if d is not None]
+                    bare = [Resource(pool=self.name, name=n) for n, d in batch if d is None]
+                    objects = self._objects()
+                    if with_data:
+                        objects.bulk_create(with_data, **upsert)
+                    if bare:
+                        objects.bulk_create(bare, ignore_conflicts=True)
+                    written = start + len(batch)
+                    if progress and written > told:
+                        progress(written - told)
+                        told = written
+
+        # Through db.run: a conflict at COMMIT (a Galera node's) does the import again.
+        db.run(work, self.using)
         return len(rows)
 
     def remove(self, name: str) -> bool:

@@ -38,6 +38,31 @@ def _contend(pool_name, names, seconds, occupancy, lock, out):
     out.put((got, overlaps))
 
 
+def _add_all(names, start, out):
+    """Add the same new resources as the other processes, at the same moment."""
+    time.sleep(max(0.0, start - time.monotonic()))
+    new, errors = 0, []
+    for name in names:
+        try:
+            new += Pool("accounts").add(name, slots=2)
+        except Exception as exc:  # noqa: BLE001 - reported: a racing add must not fail
+            errors.append(f"{type(exc).__name__}: {exc}")
+    out.put((new, errors))
+
+
+def test_adds_of_the_same_new_resources_racing_in_four_processes_all_succeed(processes, queue):
+    names = [f"acct-{i}" for i in range(100)]
+    start = time.monotonic() + 1.0
+    for _ in range(4):
+        processes.start(_add_all, names, start, queue)
+    results = [queue.get(timeout=60) for _ in range(4)]
+    processes.join_all()
+    assert [e for _, errors in results for e in errors] == []
+    assert sum(new for new, _ in results) == len(names)  # each was new to exactly one adder
+    names_of_rows = Resource.objects.filter(pool="accounts").values_list("name", flat=True)
+    assert sorted(names_of_rows) == sorted(names * 2)  # two slots each, none doubled
+
+
 def test_no_resource_is_ever_held_twice_under_contention(processes, queue):
     names = ["r0", "r1", "r2"]
     Pool("hot").add_many([(n, None) for n in names])

@@ -108,6 +108,36 @@ def test_leases_stay_exclusive_by_token_with_acquirers_on_every_node(processes, 
                    f"cluster counters {dict(after - before)}")
 
 
+def _add_all(n, names, start, out):
+    """Add the same resources as the other processes, through node `n`, all at once."""
+    on_node(n)
+    retries = count_retries()
+    time.sleep(max(0.0, start - time.monotonic()))
+    errors, new = [], 0
+    for name in names:
+        try:
+            new += Pool("adds").add(name, slots=2)
+        except Exception as exc:  # noqa: BLE001 - would mean a conflict reached the caller
+            errors.append(f"{type(exc).__name__}: {exc}")
+    out.put((n, new, errors, dict(retries.kinds)))
+
+
+def test_adds_of_the_same_resources_on_every_node_meet_and_are_retried(processes, queue, cluster, capsys):
+    names = [f"acct-{i}" for i in range(150)]
+    start = time.monotonic() + 1.0
+    for n in NODES:
+        processes.start(_add_all, n, names, start, queue)
+    results = [queue.get(timeout=90) for _ in NODES]
+    processes.join_all()
+    assert [e for _, _, errors, _ in results for e in errors] == []
+    rows = Counter(Resource.objects.filter(pool="adds").values_list("name", flat=True))
+    assert rows == {name: 2 for name in names}  # two slots each, none doubled or missing
+    retried = merge(kinds for *_, kinds in results)
+    assert retried["1213"] > 0, "no conflict: the adds never met"
+    report(capsys, f"adds: {len(names)} resources added from 3 nodes at once, "
+                   f"{sum(new for _, new, _, _ in results)} reported new, retried {dict(retried)}")
+
+
 # -- locks --------------------------------------------------------------------------------
 
 
