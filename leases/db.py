@@ -226,8 +226,8 @@ class Cursor:
         error of its own (untranslated), which must never replace the one that matters."""
         try:
             self._cursor.close()
-        except Exception:  # noqa: BLE001 - the connection is closed or reopened by run()
-            log.debug("closing a cursor failed", exc_info=True)
+        except Exception as exc:  # noqa: BLE001 - the connection is closed or reopened by run()
+            log.debug("closing a cursor failed: %s", one_line(exc))
 
 
 def run(
@@ -280,12 +280,19 @@ def run(
     raise AssertionError("unreachable")
 
 
+def one_line(exc: BaseException) -> str:
+    """An expected failure, for a DEBUG line: its type and first line, no traceback (the
+    tracebacks in a log are kept for what nobody expected)."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"
+
+
 def _close(connection: BaseDatabaseWrapper) -> None:
     """Drop a connection that died; closing it may fail too, and that is no news."""
     try:
         connection.close()
-    except Exception:  # noqa: BLE001 - Django forgets the connection either way
-        log.debug("closing a dead connection failed", exc_info=True)
+    except Exception as exc:  # noqa: BLE001 - Django forgets the connection either way
+        log.debug("closing a dead connection failed: %s", one_line(exc))
 
 
 def table(model: Any, connection: BaseDatabaseWrapper) -> str:

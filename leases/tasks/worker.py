@@ -201,8 +201,8 @@ def _tidy_connections() -> None:
                 connection.close_at = None  # lives across jobs, like a persistent connection
             connection.close_if_unusable_or_obsolete()
             connection.leases_used_at = time.monotonic()
-        except Exception:  # noqa: BLE001 - a dead connection is reopened on next use
-            log.debug("tidying a connection failed", exc_info=True)
+        except Exception as exc:  # noqa: BLE001 - a dead connection is reopened on next use
+            log.debug("tidying a connection failed: %s", db.one_line(exc))
 
 
 def _check_idle_connections() -> None:
@@ -214,8 +214,8 @@ def _check_idle_connections() -> None:
             idle = time.monotonic() - getattr(connection, "leases_used_at", 0.0)
             if connection.connection is not None and idle > IDLE_CHECK and not connection.is_usable():
                 connection.close()
-        except Exception:  # noqa: BLE001 - a dead connection is reopened on next use
-            log.debug("checking an idle connection failed", exc_info=True)
+        except Exception as exc:  # noqa: BLE001 - a dead connection is reopened on next use
+            log.debug("checking an idle connection failed: %s", db.one_line(exc))
 
 
 def _failed(job: ClaimedJob, exc: BaseException, retryable: bool, delay: float = 0.0) -> Outcome:
