@@ -190,14 +190,19 @@ def test_cron_fires_in_its_time_zone():
     assert Timing(cron="0 3 * * *", timezone=BERLIN).describe() == "At 03:00 every day (Europe/Berlin)"
 
 
+def fire_every_five_minutes(start: datetime, end: datetime) -> None:
+    """A leader's passes, every five minutes by a clock the test moves."""
+    clock = start
+    while clock <= end:
+        fire_due(now=clock)
+        clock += timedelta(minutes=5)
+
+
 def test_a_wall_clock_time_that_does_not_exist_fires_once_at_the_next_valid_minute():
     # 2027-03-28 in Berlin: clocks go from 02:00 CET straight to 03:00 CEST.
     row = starting_at(schedule("nightly", "sched.ping", cron="30 2 * * *", timezone=BERLIN).name,
                       utc(2027, 3, 27, 1, 30))
-    step, clock = timedelta(minutes=5), utc(2027, 3, 27, 0)
-    while clock <= utc(2027, 3, 30):
-        fire_due(now=clock)
-        clock += step
+    fire_every_five_minutes(utc(2027, 3, 27, 0), utc(2027, 3, 30))
     assert ticks(row.name) == [
         utc(2027, 3, 27, 1, 30),  # 02:30 CET
         utc(2027, 3, 28, 1, 0),   # 02:30 does not exist: 03:00 CEST
@@ -209,10 +214,7 @@ def test_a_wall_clock_time_that_happens_twice_fires_once():
     # 2027-10-31 in Berlin: clocks go back from 03:00 CEST to 02:00 CET; 02:30 happens twice.
     row = starting_at(schedule("nightly", "sched.ping", cron="30 2 * * *", timezone=BERLIN).name,
                       utc(2027, 10, 30, 0, 30))
-    step, clock = timedelta(minutes=5), utc(2027, 10, 30, 0)
-    while clock <= utc(2027, 11, 2):
-        fire_due(now=clock)
-        clock += step
+    fire_every_five_minutes(utc(2027, 10, 30, 0), utc(2027, 11, 2))
     assert ticks(row.name) == [
         utc(2027, 10, 30, 0, 30),  # 02:30 CEST
         utc(2027, 10, 31, 0, 30),  # the first 02:30, CEST; not again an hour later

@@ -5,6 +5,7 @@ the database is unreachable or stayed busy, no resource was free, a lock was hel
 """
 from __future__ import annotations
 
+from importlib import import_module
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, SystemCheckError
@@ -16,6 +17,16 @@ from leases.checks import check_migrated
 EX_USAGE = 2
 EX_TEMPFAIL = 75
 DATABASE_HELP = "the database alias to use (default: where LEASES_ROUTES sends the name, else LEASES_DATABASE)"
+
+
+def import_modules(modules: list[str]) -> None:
+    """Import each `--import` module for the handlers and pipelines it defines; any
+    error it raises (a syntax error too) is the operator's input, so one line, exit 2."""
+    for module in modules:
+        try:
+            import_module(module)
+        except Exception as exc:  # noqa: BLE001 - whatever the module raises is bad input
+            raise CommandError(f"--import {module}: {db.one_line(exc)}", returncode=EX_USAGE) from None
 
 
 def add_database_option(*parsers: Any) -> None:

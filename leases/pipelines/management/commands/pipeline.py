@@ -9,7 +9,6 @@ import json
 import math
 import time
 from datetime import datetime
-from importlib import import_module
 from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
@@ -17,7 +16,7 @@ from django.core.management.base import CommandError, CommandParser
 from leases import db, routing
 from leases.durations import parse_duration
 from leases.exceptions import UnknownHandler
-from leases.management.base import EX_TEMPFAIL, EX_USAGE, LeasesCommand, add_database_option
+from leases.management.base import EX_TEMPFAIL, EX_USAGE, LeasesCommand, add_database_option, import_modules
 from leases.management.text import clock, elapsed, parse_json, shown, span, table
 from leases.pipelines import definition, engine
 from leases.pipelines.models import Run, StageRun
@@ -50,17 +49,6 @@ def find_run(text: str, using: str) -> Run:
     if found is None:
         raise ValueError(f"no pipeline run #{number}")
     return found
-
-
-def import_modules(modules: list[str]) -> None:
-    """Import each `--import` module for the handlers and pipelines it defines; any
-    error it raises (a syntax error too) is the operator's input, so one line, exit 2."""
-    for module in modules:
-        try:
-            import_module(module)
-        except Exception as exc:  # noqa: BLE001 - whatever the module raises is bad input
-            detail = f"{type(exc).__name__}: {exc}".splitlines()[0]
-            raise CommandError(f"--import {module}: {detail}", returncode=EX_USAGE) from None
 
 
 def cell(text: str) -> str:

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import signal
 import threading
-from importlib import import_module
 from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 from django.db import Error, connections
 
 from leases import db, logs, routing
-from leases.management.base import EX_USAGE, LeasesCommand
+from leases.management.base import EX_USAGE, LeasesCommand, import_modules
 from leases.tasks import queue as jobqueue
 from leases.tasks import schedules
 from leases.tasks.worker import MIN_TTL, Worker
@@ -72,12 +71,7 @@ class Command(LeasesCommand):
         poll = _seconds(options["poll"], "--poll", maximum=MAX_POLL)
         ttl = _seconds(options["ttl"], "--ttl", minimum=MIN_TTL, above=False)
         grace = _seconds(options["grace"], "--grace", above=False)
-        for module in options["imports"]:
-            try:
-                import_module(module)
-            except Exception as exc:  # noqa: BLE001 - a syntax error too is the operator's input
-                detail = f"{type(exc).__name__}: {exc}".splitlines()[0]
-                raise CommandError(f"--import {module}: {detail}", returncode=EX_USAGE) from None
+        import_modules(options["imports"])
         if not 1 <= options["concurrency"] <= MAX_CONCURRENCY:
             raise CommandError(f"--concurrency must be at least 1 and at most {MAX_CONCURRENCY}", returncode=EX_USAGE)
         if options["max_jobs"] is not None and options["max_jobs"] < 1:

@@ -5,14 +5,13 @@ Exit codes: 0 done; 2 bad input (nothing written); 75 the database is unavailabl
 from __future__ import annotations
 
 from datetime import datetime
-from importlib import import_module
 from typing import Any
 
-from django.core.management.base import CommandError, CommandParser
+from django.core.management.base import CommandParser
 
 from leases import db, routing
 from leases.durations import parse_duration
-from leases.management.base import EX_USAGE, LeasesCommand, add_database_option
+from leases.management.base import LeasesCommand, add_database_option, import_modules
 from leases.management.text import clock, elapsed, parse_json, shown, table
 from leases.pool import db_now
 from leases.tasks import schedules
@@ -119,12 +118,7 @@ class Command(LeasesCommand):
     def _add(self, name: str, handler: str | None, pipeline: str | None, cron: str | None, every: str | None,
              at: str | None, timezone: str | None, payload: str | None, context: str | None, queue: str | None,
              priority: str, catch_up: str, disabled: bool, imports: list[str], **options: Any) -> None:
-        for module in imports:
-            try:
-                import_module(module)
-            except Exception as exc:  # noqa: BLE001 - whatever the module raises is the operator's input
-                detail = f"{type(exc).__name__}: {exc}".splitlines()[0]
-                raise CommandError(f"--import {module}: {detail}", returncode=EX_USAGE) from None
+        import_modules(imports)
         try:
             number = int(priority)
         except ValueError:
