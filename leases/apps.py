@@ -7,4 +7,14 @@ class LeasesConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from . import checks  # noqa: F401  (registers the system checks)
+        from django.core.checks import register
+
+        from . import conf, db
+
+        register(conf.check_settings)
+        register(db.check_databases)
+
+        from .ops import pools, readings
+
+        readings.add_panels(20, pools.pool_panels)  # after the jobs' charts (10), before the dispatchers (30)
+        readings.add_metrics(10, pools.lease_metrics)

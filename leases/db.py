@@ -22,11 +22,12 @@ from datetime import datetime, timezone
 from functools import lru_cache
 from typing import Any, Callable, Iterator, TypeVar
 
-from django.conf import settings
-from django.core.signals import setting_changed
+from django.core.checks import Error, Warning
+from django.db import Error as DatabaseError
 from django.db import InterfaceError, OperationalError, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.dispatch import receiver
+
+from . import conf
 
 log = logging.getLogger("leases.db")
 
@@ -96,19 +97,7 @@ DIALECTS = {"mysql": _MYSQL, "sqlite": _SQLITE}
 
 def alias(using: str | None = None) -> str:
     """The database alias the engine works on: `using`, else settings.LEASES_DATABASE."""
-    return using or _default_alias()
-
-
-@lru_cache(maxsize=1)
-def _default_alias() -> str:
-    # Cached: a missing setting costs an exception inside LazySettings on every call.
-    return getattr(settings, "LEASES_DATABASE", "default")
-
-
-@receiver(setting_changed)
-def _forget_alias(setting: str, **kwargs: Any) -> None:
-    if setting == "LEASES_DATABASE":
-        _default_alias.cache_clear()
+    return using or conf.database()
 
 
 def dialect(connection: BaseDatabaseWrapper) -> Dialect:
@@ -336,3 +325,36 @@ def write_transaction(using: str | None = None) -> Iterator[None]:
     finally:
         if immediate:
             connection.transaction_mode = previous
+
+
+def answers(using: str | None = None) -> bool:
+    """Whether the database answers a trivial query now (two quick tries): tells an outage
+    from a statement the database refused."""
+    try:
+        run(lambda cursor, resumed: cursor.execute("SELECT 1"), using, attempts=2)
+    except DatabaseError:
+        return False
+    return True
+
+
+def check_databases(app_configs: Any = None, **kwargs: Any) -> list[Error]:
+    """The connection the engine uses: a vendor it supports, UTC, and timeouts that turn a
+    stalled server into an error the engine retries (a system check)."""
+    alias = conf.database()
+    if alias not in connections:
+        return []  # leases.E002, from leases.conf
+    connection = connections[alias]
+    if not supported(connection.vendor):
+        return [Error(f"django-leases supports MySQL/MariaDB and SQLite, not {connection.vendor}.", id="leases.E003")]
+    errors: list[Error] = []
+    options = connection.settings_dict.get("OPTIONS") or {}
+    if connection.vendor == "mysql" and not options.get("read_timeout"):
+        errors.append(Warning(
+            f"DATABASES[{alias!r}]['OPTIONS'] sets no read_timeout: a stalled database server "
+            "hangs workers and heartbeats until it wakes up.",
+            hint="Set connect_timeout, read_timeout and write_timeout (e.g. 5, 30, 30 seconds).",
+            id="leases.W001",
+        ))
+    if connection.settings_dict.get("TIME_ZONE") not in (None, "UTC"):
+        errors.append(Error(f"DATABASES[{alias!r}]['TIME_ZONE'] must be unset or 'UTC'.", id="leases.E004"))
+    return errors

@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterator, NamedTuple, TypeVar
 
 from django.db import IntegrityError
 
-from . import db, routing
+from . import clock, db, routing
 from .exceptions import LeaseLost, Locked
 from .lease import Heartbeat, Hold, make_holder
 from .models import Lock
@@ -96,8 +96,7 @@ def _attempt(name: str, ttl: float, holder: str, using: str) -> Callable[[Any, b
             except IntegrityError:
                 return None  # someone else created it first
             id_, token = cursor.lastrowid, 1
-            cursor.execute(statements(cursor.db).now, ())
-            now, mono_anchor = cursor.fetchone()[0], time.monotonic()
+            now, mono_anchor = clock.now(cursor), time.monotonic()
             return _held(name, id_, token, holder, ttl, sent_at, now, mono_anchor, using)
         id_, token, current, expired, now, expires_at = row
         if resumed and current == holder and not expired:

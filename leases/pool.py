@@ -8,23 +8,22 @@ long. With `fair=True`, waiters are served in the order they arrived.
 """
 from __future__ import annotations
 
-import json
 import logging
 import random
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any, Callable, Iterable, Iterator
 
 from django.db import Error, IntegrityError, connections, transaction
 
 from . import db, routing
+from .encoding import dump_json, load_json
 from .exceptions import NoResourceAvailable, UnknownPool, UnknownResource
 from .lease import Heartbeat, Lease, make_holder
 from .models import POOL_NAME_LENGTH, RESOURCE_NAME_LENGTH, Resource
 from .sql import statements
-from .validation import check_cooldown, check_name, check_slots, check_ttl, check_wait, dump_json
+from .validation import check_cooldown, check_name, check_slots, check_ttl, check_wait
 
 log = logging.getLogger("leases")
 
@@ -46,16 +45,6 @@ def check_data(data: Any) -> Any:
     return data
 
 
-def db_now(using: str | None = None) -> datetime:
-    """The database server's clock, the only clock that decides expiry."""
-
-    def work(cursor: Any, resumed: bool) -> datetime:
-        cursor.execute(statements(cursor.db).now, ())
-        return db.to_datetime(cursor.fetchone()[0])
-
-    return db.run(work, using)
-
-
 #: Pool names an UnknownPool error lists.
 KNOWN_SHOWN = 20
 
@@ -67,12 +56,6 @@ def unknown_pool(name: str, using: str | None = None) -> UnknownPool:
                  .distinct()[: KNOWN_SHOWN + 1])
     listed = ", ".join(known[:KNOWN_SHOWN]) + (", ..." if len(known) > KNOWN_SHOWN else "")
     return UnknownPool(f"pool {name!r} has no resources (known pools: {listed or 'none yet'})")
-
-
-def _load(value: Any) -> Any:
-    if isinstance(value, (bytes, bytearray)):
-        value = value.decode()
-    return json.loads(value) if isinstance(value, str) else value
 
 
 @dataclass(frozen=True)
@@ -156,7 +139,7 @@ class Pool:
         return Resource.objects.using(self.using)
 
     def resources(self):
-        """The pool's rows, for listing (state needs `db_now()`, not the client clock)."""
+        """The pool's rows, for listing (state needs `leases.clock.db_now()`, not the client clock)."""
         return self._objects().filter(pool=self.name)
 
     def add(self, name: str, data: Any = None, slots: int = 1) -> bool:
@@ -336,7 +319,7 @@ class Pool:
             pool=self.name,
             id=id_,
             name=name,
-            resource=_load(data),
+            resource=load_json(data),
             slot=slot,
             cooldown=self.cooldown,
             token=token + 1,

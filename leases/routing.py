@@ -18,81 +18,15 @@ alias in use and its ORM reads and writes to LEASES_DATABASE unless told otherwi
 """
 from __future__ import annotations
 
-from functools import lru_cache
 from typing import Any
 
-from django.conf import settings
-from django.core.exceptions import ImproperlyConfigured
-from django.core.signals import setting_changed
 from django.db import connections
-from django.dispatch import receiver
 from django.utils.connection import ConnectionDoesNotExist
 
-from . import db
+from . import conf, db
 
-KINDS = ("pools", "locks", "dispatchers", "queues")
 #: The apps whose tables follow the routes.
 APP_LABELS = ("leases", "leases_tasks", "leases_pipelines")
-
-
-def _overlap(a: str, b: str) -> str | None:
-    """A name both patterns match, or None."""
-    a_prefix, b_prefix = a.endswith("*"), b.endswith("*")
-    a_text, b_text = a.rstrip("*") if a_prefix else a, b.rstrip("*") if b_prefix else b
-    if a_prefix and b_prefix:
-        return max(a_text, b_text, key=len) if a_text.startswith(b_text) or b_text.startswith(a_text) else None
-    if a_prefix:
-        return b_text if b_text.startswith(a_text) else None
-    if b_prefix:
-        return a_text if a_text.startswith(b_text) else None
-    return a_text if a_text == b_text else None
-
-
-def problems(routes: Any) -> list[str]:
-    """What is wrong with a LEASES_ROUTES value, one line each (empty when it is fine)."""
-    if routes is None:
-        return []
-    if not isinstance(routes, dict):
-        return [f"LEASES_ROUTES must be a dict of kinds ({', '.join(KINDS)}), not {type(routes).__name__}"]
-    found = []
-    for kind, patterns in routes.items():
-        if kind not in KINDS:
-            found.append(f"LEASES_ROUTES: unknown kind {kind!r} (use {', '.join(KINDS)})")
-            continue
-        if not isinstance(patterns, dict):
-            found.append(f"LEASES_ROUTES[{kind!r}] must map name patterns to database aliases")
-            continue
-        for pattern, alias in patterns.items():
-            if not isinstance(pattern, str) or not pattern.rstrip("*") or "*" in pattern.rstrip("*"):
-                found.append(f"LEASES_ROUTES[{kind!r}]: pattern {pattern!r} must be a name, or a prefix and one"
-                             " trailing *")
-            elif alias not in settings.DATABASES:
-                found.append(f"LEASES_ROUTES[{kind!r}][{pattern!r}] names {alias!r}, which is not in DATABASES")
-        good = [(p, a) for p, a in patterns.items() if isinstance(p, str) and p.rstrip("*")]
-        for i, (first, first_alias) in enumerate(good):
-            for second, second_alias in good[i + 1 :]:
-                both = _overlap(first, second)
-                if both is not None and first_alias != second_alias:
-                    found.append(f"LEASES_ROUTES[{kind!r}]: {first!r} and {second!r} both match {both!r} but name "
-                                 f"different databases ({first_alias!r}, {second_alias!r})")
-    return found
-
-
-@lru_cache(maxsize=1)
-def _routes() -> dict[str, list[tuple[str, bool, str]]]:
-    """The checked routes: per kind, (name or prefix, is a prefix, alias)."""
-    routes = getattr(settings, "LEASES_ROUTES", None)
-    found = problems(routes)
-    if found:
-        raise ImproperlyConfigured(found[0])
-    return {kind: [(p.rstrip("*"), p.endswith("*"), alias) for p, alias in (routes or {}).get(kind, {}).items()]
-            for kind in KINDS}
-
-
-@receiver(setting_changed)
-def _forget(setting: str, **kwargs: Any) -> None:
-    if setting in ("LEASES_ROUTES", "LEASES_DATABASE", "DATABASES"):
-        _routes.cache_clear()
 
 
 def route(kind: str, name: str, using: str | None = None) -> str:
@@ -100,21 +34,13 @@ def route(kind: str, name: str, using: str | None = None) -> str:
     `using` when given, else the route that matches, else LEASES_DATABASE."""
     if using:
         return known(using)
-    return routed(kind, name) or db.alias()
-
-
-def routed(kind: str, name: str) -> str | None:
-    """The alias a pattern of LEASES_ROUTES sends `name` to, or None when none matches."""
-    for text, prefix, alias in _routes()[kind]:
-        if name == text or (prefix and name.startswith(text)):
-            return alias
-    return None
+    return conf.routed(kind, name) or db.alias()
 
 
 def check_queue_on(queue: str, using: str, what: str) -> None:
     """A job pushed in a transaction on `using` (a pipeline's task, a schedule's job) lands
     there: refuse a queue the routes send elsewhere, where its workers look."""
-    elsewhere = routed("queues", queue)
+    elsewhere = conf.routed("queues", queue)
     if elsewhere not in (None, using):
         raise ValueError(f"{what}: queue {queue!r} is routed to database {elsewhere!r}, but its jobs would be "
                          f"written on {using!r} (in one transaction with the rest)")
@@ -132,7 +58,7 @@ def known(alias: str) -> str:
 def aliases() -> list[str]:
     """Every alias in use: LEASES_DATABASE first, then those the routes name."""
     found = [db.alias()]
-    for patterns in _routes().values():
+    for patterns in conf.routes().values():
         found += [alias for _, _, alias in patterns if alias not in found]
     return found
 

@@ -87,7 +87,6 @@ RESOURCE = {
     # Tickets of waiters gone long ago. params: pool
     "lapsed_waiters": "DELETE FROM {w} WHERE pool = %s AND expires_at < {now}",
     "exists": "SELECT 1 FROM {t} WHERE pool = %s LIMIT 1",
-    "now": "SELECT {now}",
 }
 
 # A lock is a lease on a row created on first use. The row stays when released, so its
@@ -155,21 +154,36 @@ def update_each(connection: BaseDatabaseWrapper, table: str, rows: dict[int, dic
         return cursor.rowcount
 
 
-_KINDS: dict[str, tuple[dict[str, str], dict[str, str]]] = {}
+_KINDS: dict[str, tuple[dict[str, str], dict[str, str], dict[str, Any]]] = {}
 
 
-def register(kind: str, templates: dict[str, str], tables: dict[str, str]) -> None:
+def register(kind: str, templates: dict[str, str], tables: dict[str, str],
+             names: dict[str, Any] | None = None) -> None:
     """Make `templates` available as `statements(connection, kind)`.
 
-    `tables` maps placeholders to models ("app_label.Model"). Besides those, templates
-    may use the dialect's fragments: {now}, {later}, {random}, {skip_locked}, {for_update},
-    {upsert[conflict columns]} and {new[col]}.
+    `tables` maps placeholders to models ("app_label.Model"); `names` maps placeholders to
+    Django choices, whose members the templates name: {job.ready} is JobStatus.READY as
+    an SQL literal. Besides those, templates may use the dialect's fragments: {now},
+    {later}, {random}, {skip_locked}, {for_update}, {upsert[conflict columns]} and {new[col]}.
     """
-    _KINDS[kind] = (templates, tables)
+    _KINDS[kind] = (templates, tables, names or {})
 
+
+def _literals(choices: Any) -> SimpleNamespace:
+    """The members of a choices class as SQL literals, by lower-case name (code's own
+    constants, never caller input: numbers as they are, text quoted)."""
+    return SimpleNamespace(**{
+        member.name.lower(): str(int(member.value)) if isinstance(member.value, int) else f"'{member.value}'"
+        for member in choices
+    })
+
+
+#: The database server's clock, the only clock that decides expiry (see leases.clock).
+CLOCK = {"now": "SELECT {now}"}
 
 register("resource", RESOURCE, {"t": "leases.Resource", "w": "leases.Waiter"})
 register("lock", LOCK, {"t": "leases.Lock"})
+register("clock", CLOCK, {})
 
 
 def statements(connection: BaseDatabaseWrapper, kind: str = "resource") -> SimpleNamespace:
@@ -192,7 +206,7 @@ class _Pattern(dict):
 def _build(kind: str, vendor: str, skip_locked: str, quote: Any) -> SimpleNamespace:
     from django.apps import apps
 
-    templates, tables = _KINDS[kind]
+    templates, tables, names = _KINDS[kind]
     dialect = db.DIALECTS[vendor]
     fragments = {
         "now": dialect.now,
@@ -204,5 +218,6 @@ def _build(kind: str, vendor: str, skip_locked: str, quote: Any) -> SimpleNamesp
         "upsert": _Pattern(dialect.upsert, "keys"),
         "new": _Pattern(dialect.new, "col"),
         **{key: quote(apps.get_model(label)._meta.db_table) for key, label in tables.items()},
+        **{key: _literals(choices) for key, choices in names.items()},
     }
     return SimpleNamespace(**{key: sql.format(**fragments) for key, sql in templates.items()})

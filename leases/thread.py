@@ -122,20 +122,10 @@ class ResourceThread(threading.Thread):
                 wait = min(self._poll, self.wait_step)
                 lease = self._pool.acquire(ttl=self.ttl, wait=wait, holder=self.holder)
                 failures = 0
-                with self._publish:
-                    stopped = self._stopping.is_set()
-                    if not stopped:
-                        self.lease = lease
-                if stopped:  # terminate() came while we were acquiring
-                    self._let_go(lease, self._poll)
+                if self._keep(lease):
+                    if not self._stopping.is_set():
+                        self._report(lease, lost, troubled, started)
                     return
-                reason = self._invalid()
-                if reason is None:
-                    self._report(lease, lost, troubled, started)
-                    return
-                lease._mark_lost()  # abandoned whatever happens to the quarantine
-                log.warning("%s: %s/%s is not valid, quarantining it", self.name, lease.pool, lease.name)
-                self._pool.quarantine(lease.name, self.quarantine_for, reason=reason)
             except UnknownResource:
                 pass  # the invalid resource was removed before it could be quarantined
             except NoResourceAvailable:
@@ -160,6 +150,24 @@ class ResourceThread(threading.Thread):
                                 time.monotonic() - started)
                 self._stopping.wait(db.backoff(failures, base=0.1, cap=self.interval))
                 failures += 1
+
+    def _keep(self, lease: Lease) -> bool:
+        """Publish a lease just acquired if it is valid (True); quarantine it if not (False).
+        A terminate() that came while it was acquired releases it (True: the search ends)."""
+        with self._publish:
+            stopped = self._stopping.is_set()
+            if not stopped:
+                self.lease = lease
+        if stopped:
+            self._let_go(lease, self._poll)
+            return True
+        reason = self._invalid()
+        if reason is None:
+            return True
+        lease._mark_lost()  # abandoned whatever happens to the quarantine
+        log.warning("%s: %s/%s is not valid, quarantining it", self.name, lease.pool, lease.name)
+        self._pool.quarantine(lease.name, self.quarantine_for, reason=reason)
+        return False
 
     def _report(self, lease: Lease, lost: Lease | None, troubled: bool, started: float) -> None:
         """Say a resource is held; at the level of the trouble it follows, if any."""

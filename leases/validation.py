@@ -1,23 +1,16 @@
-"""Checks of what callers hand the engine: names, durations and JSON values.
+"""Checks of what callers hand the engine: names, durations, counts and options.
 
 Every public call validates its input here before writing anything, so bad input is a
 one-line ValueError and never a database error halfway through. The bounds are those of
-the databases underneath: DATETIME(6) arithmetic overflows past year 9999, MariaDB's
-JSON check refuses documents nested 32 levels deep or holding a lone UTF-16 surrogate,
-and a statement larger than `max_allowed_packet` (16 MiB by default) is refused.
+the databases underneath: DATETIME(6) arithmetic overflows past year 9999. Nothing here
+reads settings, so the settings module (`leases.conf`) checks its values with these too.
 """
 from __future__ import annotations
 
-import json
 import math
 import unicodedata
 from datetime import datetime, timedelta, timezone
-from functools import lru_cache
-from typing import Any
-
-from django.conf import settings
-from django.core.signals import setting_changed
-from django.dispatch import receiver
+from typing import Any, Callable
 
 #: Longest duration anywhere (ttl, wait, delay, quarantine, timeout, age): ten years,
 #: far beyond any lease, and still far inside DATETIME's range.
@@ -26,13 +19,17 @@ MAX_SECONDS = 10 * 365 * 86400
 MIN_TTL = 0.1
 #: Most slots (holders at once) of one resource: each is a row.
 MAX_SLOTS = 1000
-#: JSON nesting MariaDB's JSON_VALID accepts (32 levels are refused).
-MAX_JSON_DEPTH = 31
-#: Default size limit of a payload, a result or a resource's data, as UTF-8 JSON text.
-MAX_JSON_BYTES = 1 << 20
+#: Most tries of one job.
+MAX_ATTEMPTS = 1000
+#: Longest queue name (the column's size).
+QUEUE_LENGTH = 100
 #: Character classes never allowed in names: controls (NUL, newline, terminal escapes),
 #: lone surrogates and invisible format characters (BOM, bidirectional overrides).
 _FORBIDDEN = {"Cc", "Cs", "Cf"}
+
+#: A job's backoff: the base of an exponential backoff in seconds, or a function of the
+#: failed attempt's number returning the seconds to wait.
+Backoff = float | Callable[[int], float]
 
 
 def check_name(value: Any, what: str, max_length: int) -> str:
@@ -111,59 +108,33 @@ def check_moment(value: Any, what: str) -> datetime:
     return value
 
 
-@lru_cache(maxsize=1)
-def max_json_bytes() -> int:
-    """settings.LEASES_MAX_JSON_BYTES, read once (a missing setting is slow to look up,
-    and every push looks)."""
-    value = getattr(settings, "LEASES_MAX_JSON_BYTES", MAX_JSON_BYTES)
-    if isinstance(value, bool) or not isinstance(value, int) or not 1024 <= value <= 8 * MAX_JSON_BYTES:
-        raise ValueError(f"LEASES_MAX_JSON_BYTES must be a whole number from 1024 to {8 * MAX_JSON_BYTES}")
+def check_queue(queue: Any) -> str:
+    """A queue name: printable, and without commas (workers take comma-separated lists)."""
+    check_name(queue, "queue", QUEUE_LENGTH)
+    if "," in queue:
+        raise ValueError(f"queue must be a name without commas, not {queue!r}")
+    return queue
+
+
+def check_attempts(value: Any) -> int:
+    """Tries of a job: 1 to MAX_ATTEMPTS."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_ATTEMPTS:
+        raise ValueError(f"max_attempts must be a whole number from 1 to {MAX_ATTEMPTS}, not {value!r}")
     return value
 
 
-@receiver(setting_changed)
-def _forget_limit(setting: str, **kwargs: Any) -> None:
-    if setting == "LEASES_MAX_JSON_BYTES":
-        max_json_bytes.cache_clear()
+def check_backoff(value: Any) -> Backoff:
+    """Seconds >= 0 (the base of an exponential backoff) or a callable(attempt)."""
+    if callable(value):
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+        raise ValueError(f"backoff must be seconds >= 0 or a callable(attempt), not {value!r}")
+    return float(value)
 
 
-def dump_json(value: Any, what: str, sort_keys: bool = False) -> str:
-    """`value` as compact JSON text that every supported database stores as it is.
-
-    ValueError (one line, naming `what`) for what JSON cannot carry (NaN, sets, objects),
-    nesting deeper than MAX_JSON_DEPTH, lone surrogates, and text over the size limit.
-    """
-    try:
-        text = json.dumps(value, allow_nan=False, ensure_ascii=False, separators=(",", ":"), sort_keys=sort_keys)
-    except RecursionError:
-        raise ValueError(f"{what} is nested deeper than {MAX_JSON_DEPTH} levels") from None
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"{what} must be JSON-serialisable: {exc}") from None
-    try:
-        size = len(text) if text.isascii() else len(text.encode("utf-8"))
-    except UnicodeEncodeError:
-        raise ValueError(f"{what} holds a lone surrogate (text that is not valid Unicode)") from None
-    limit = max_json_bytes()
-    if size > limit:
-        raise ValueError(f"{what} is {size} bytes of JSON, over the limit of {limit} (LEASES_MAX_JSON_BYTES)")
-    if text.count("[") + text.count("{") > MAX_JSON_DEPTH and _depth(value) > MAX_JSON_DEPTH:
-        raise ValueError(f"{what} is nested deeper than {MAX_JSON_DEPTH} levels")
-    return text
-
-
-def _depth(value: Any) -> int:
-    """Nesting of containers, iteratively (a recursive walk is what overflows)."""
-    deepest, stack = 0, [(value, 1)]
-    while stack:
-        item, level = stack.pop()
-        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
-        if children is None:
-            continue
-        deepest = max(deepest, level)
-        if deepest > MAX_JSON_DEPTH:
-            return deepest
-        stack.extend((child, level + 1) for child in children)
-    return deepest
+def check_timeout(value: Any) -> float | None:
+    """Seconds an attempt may run, or None for no limit."""
+    return None if value is None else check_seconds(value, "timeout", above=True)
 
 
 def clean_text(text: str, limit: int) -> str:

@@ -20,6 +20,7 @@ from django.core.management.base import CommandError, CommandParser
 from django.db import Error
 
 from leases import routing
+from leases.clock import db_now
 from leases.durations import parse_duration
 from leases.exceptions import NoResourceAvailable, UnknownPool, UnknownResource
 from leases.lease import Heartbeat, Lease, release_within
@@ -27,7 +28,7 @@ from leases.management.base import EX_TEMPFAIL, EX_USAGE, LeasesCommand, add_dat
 from leases.management.lines import bad_line, entries
 from leases.management.text import parse_json, shown, table
 from leases.models import RESOURCE_NAME_LENGTH, Resource
-from leases.pool import Pool, check_data, db_now, unknown_pool
+from leases.pool import Pool, check_data, unknown_pool
 from leases.progress import progress_bar
 from leases.validation import check_name, check_seconds, check_ttl, check_wait
 
