@@ -6,12 +6,13 @@ from leases import lazy_exports
 
 _EXPORTS = {
     "Dispatcher": "leases.tasks.dispatcher",
-    "push": "leases.tasks.queue",
-    "push_many": "leases.tasks.queue",
+    "push": "leases.tasks.jobs.push",
+    "push_many": "leases.tasks.jobs.push",
     "handler": "leases.tasks.registry",
     "schedule": "leases.tasks.schedules",
     "unschedule": "leases.tasks.schedules",
-    "Worker": "leases.tasks.worker",
+    "JobWorker": "leases.tasks.worker",
+    "Worker": "leases.tasks.worker",  # JobWorker's name before the process rows' model took it
     "QueueFull": "leases.exceptions",
     "Fail": "leases.exceptions",
     "BadResult": "leases.exceptions",

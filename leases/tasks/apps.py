@@ -8,7 +8,23 @@ class TasksConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from . import registry, sql  # noqa: F401 - sql registers the job queue's statements
-        from .schedules import RUN_ENDED, runs_ended
+        from django.core.checks import register
+
+        from leases import conf
+
+        register(conf.check_settings)  # also when `leases` is missing: leases.E014 says so
+        if not self.apps.is_installed("leases"):
+            return  # what follows runs on the base app's models
+        from . import registry
+        from .schedules.fire import RUN_ENDED, runs_ended
 
         registry.add_finisher(RUN_ENDED, runs_ended)
+
+        from leases.ops.readings import add_metrics, add_panels
+
+        from . import readings
+
+        add_panels(10, readings.job_panels)  # first on the dashboard; the pools come at 20
+        add_panels(30, readings.dispatcher_panels)
+        add_metrics(20, readings.job_metrics)
+        add_metrics(30, readings.dispatcher_metrics)

@@ -12,16 +12,20 @@ Settings::
         "QUEUES": ["default"],
         "OPTIONS": {"max_attempts": 1, "backoff": 10.0, "timeout": None},
     }}
+
+Its entries are checked by `leases.conf` at `manage.py check`. A task's jobs are made by
+the one maker of job rows; `@handler(limit_key=..., concurrency=..., rate=...)` above
+`@task()` gives them per-key limits, as a handler's jobs have.
 """
 from __future__ import annotations
 
 import json
 import traceback
 import uuid
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
@@ -39,14 +43,15 @@ except ImportError:  # Django 5.2 with the backport
     from django_tasks.exceptions import InvalidTaskError, TaskResultDoesNotExist
     from django_tasks.signals import task_enqueued, task_finished, task_started
 
-from leases import routing
+from leases import conf
 from leases.exceptions import BadResult, Fail, QueueFull
 
-from . import queue as jobqueue
 from . import registry
+from .jobs.payload import dump_payload
+from .jobs.push import new_job, submit
 from .models import Job
 
-BACKEND = f"{__name__}.DatabaseBackend"
+BACKEND = conf.TASKS_BACKEND
 
 _STATUS = {
     Job.READY: TaskResultStatus.READY,
@@ -58,13 +63,16 @@ _STATUS = {
 }
 
 
-def configured_queues() -> set[str]:
-    """Queue names listed by every TASKS alias that uses this backend."""
-    names: set[str] = set()
-    for params in getattr(settings, "TASKS", {}).values():
-        if params.get("BACKEND") == BACKEND:
-            names |= set(params.get("QUEUES") or ["default"])
-    return names
+@dataclass(frozen=True)
+class TaskJobSettings:
+    """What a task's job takes from the backend's OPTIONS and the limits `@handler` set on
+    the task (see leases.tasks.registry), for the one maker of job rows."""
+
+    queue: str
+    max_attempts: int
+    limit_key: Any = None
+    concurrency: int | None = None
+    rate: str = ""
 
 
 class DatabaseBackend(BaseTaskBackend):
@@ -77,50 +85,30 @@ class DatabaseBackend(BaseTaskBackend):
 
     def __init__(self, alias: str, params: dict) -> None:
         super().__init__(alias, params)
-        options = dict(self.options)
         try:
-            self.max_attempts = registry.check_attempts(options.pop("max_attempts", 1))
-            self.backoff = registry.check_backoff(options.pop("backoff", 10.0))
-            self.timeout = registry.check_timeout(options.pop("timeout", None))
-            self.using = self._database(options.pop("database", None))
+            options, self.using = conf.tasks_database(alias, params)
         except ValueError as exc:
-            raise ImproperlyConfigured(f"TASKS[{alias!r}]['OPTIONS']: {exc}") from None
-        if options:
-            raise ImproperlyConfigured(f"TASKS[{alias!r}]['OPTIONS']: unknown option(s) {', '.join(sorted(options))}")
-
-    def _database(self, database: str | None) -> str:
-        """The one database of this backend's tasks (a result id is a job id there):
-        OPTIONS["database"], else where LEASES_ROUTES sends its queues."""
-        found = {routing.route("queues", name, database) for name in self.queues or ["default"]}
-        if len(found) > 1:
-            raise ValueError(f"its QUEUES are routed to several databases ({', '.join(sorted(found))}): "
-                             "give each database a TASKS alias of its own")
-        return found.pop()
+            raise ImproperlyConfigured(str(exc)) from None
+        self.max_attempts, self.backoff, self.timeout = options.max_attempts, options.backoff, options.timeout
 
     def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
         """Write the task as a job (visible when the caller's transaction commits)."""
         self.validate_task(task)
-        payload = {"args": list(args), "kwargs": dict(kwargs)}
+        limits = registry.task_limits(task.module_path)
+        settings = TaskJobSettings(task.queue_name, self.max_attempts, limits.limit_key, limits.concurrency,
+                                   limits.rate)
         try:
-            text = jobqueue.dump_payload(payload)
+            job = new_job(
+                task.module_path, {"args": list(args), "kwargs": dict(kwargs)}, settings=settings,
+                queue=task.queue_name, key=f"task:{uuid.uuid4().hex}",  # every enqueue is a task of its own
+                priority=task.priority, run_at=task.run_after, backend=self.alias,
+            )
         except ValueError as exc:
-            raise InvalidTaskError(f"arguments of {task.module_path} must be JSON: {exc}") from None
-        job = jobqueue.submit(
-            jobqueue.NewJob(
-                queue=jobqueue.check_queue(task.queue_name),
-                name=task.module_path,
-                payload=text,
-                key=f"task:{uuid.uuid4().hex}",  # every enqueue is a task of its own
-                priority=task.priority,
-                max_attempts=self.max_attempts,
-                run_at=task.run_after,
-                backend=self.alias,
-            ),
-            self.using,
-        )
-        if job is None:
+            raise InvalidTaskError(f"task {task.module_path} cannot be enqueued: {exc}") from None
+        stored = submit(job, self.using)
+        if stored is None:
             raise QueueFull(f"queue {task.queue_name!r} is full; the task waits in this process")
-        result = _result(task, job, [], [])
+        result = _result(task, stored, [], [])
         task_enqueued.send(type(self), task_result=result)
         return result
 
@@ -196,7 +184,7 @@ class TaskHandler:
             else:
                 value = result.task.call(*result.args, **result.kwargs)
             try:
-                value = json.loads(jobqueue.dump_payload(value, "the task's return value"))
+                value = json.loads(dump_payload(value, "the task's return value"))
             except ValueError as exc:
                 raise BadResult(str(exc)) from None
         except BaseException as exc:

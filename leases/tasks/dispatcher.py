@@ -24,69 +24,15 @@ from django.db.models import Count
 
 from leases import db, routing
 from leases.locks import lock
-from leases.sql import in_list, register, statements
+from leases.sql import in_list
 from leases.validation import check_name, check_seconds
 
+from . import sql
 from .models import NAME_LENGTH, VALUE_LENGTH, WORKER_LENGTH, DispatchWorker, PoolTask, TaskPool
 
 log = logging.getLogger("leases.tasks")
 
 POOL, BUCKET, DONE = PoolTask.POOL, PoolTask.BUCKET, PoolTask.DONE
-
-register(
-    "dispatch",
-    {
-        "touch": "UPDATE {w} SET last_seen = {now} WHERE dispatcher = %s AND name = %s",
-        "register": "INSERT INTO {w} (dispatcher, name, last_seen) VALUES (%s, %s, {now})",
-        "bucket": (
-            "SELECT id, value FROM {t} WHERE dispatcher = %s AND worker = %s AND state = 1"
-            " ORDER BY assigned_at, score, id"
-        ),
-        "pick": (
-            "SELECT id, value FROM {t} WHERE dispatcher = %s AND state = 0"
-            " ORDER BY score, id LIMIT %s{skip_locked}"
-        ),
-        # The IN lists below are completed with one %s per id at run time.
-        "take": "UPDATE {t} SET state = 1, worker = %s, assigned_at = {now} WHERE state = 0 AND id IN (",
-        "trim": (
-            "UPDATE {t} SET state = 0, worker = NULL, assigned_at = NULL"
-            " WHERE worker = %s AND state = 1 AND id IN ("
-        ),
-        "done": (
-            "UPDATE {t} SET state = 2, done_at = {now}"
-            " WHERE dispatcher = %s AND worker = %s AND state = 1"
-        ),
-        # Buckets of workers not seen since `later` (a negative offset) go back to the pool.
-        "reclaim": (
-            "UPDATE {t} SET state = 0, worker = NULL, assigned_at = NULL"
-            " WHERE dispatcher = %s AND state = 1 AND worker NOT IN"
-            " (SELECT name FROM {w} WHERE dispatcher = %s AND last_seen >= {later})"
-        ),
-        "forget": "DELETE FROM {w} WHERE dispatcher = %s AND last_seen < {later}",
-        "start": "UPDATE {p} SET generation = generation + 1, rebuild_started_at = {now} WHERE name = %s",
-        "started": "SELECT generation, rebuild_started_at FROM {p} WHERE name = %s",
-        # Completed with "(%s, %s, %s, 0, %s)" per task, then "upsert_tail".
-        "upsert": "INSERT INTO {t} (dispatcher, value, score, state, seen) VALUES ",
-        # A task in a bucket stays there, and so does one done during this rebuild; a pool
-        # task takes the new score; a task done before the rebuild began is listed again.
-        # (MySQL applies these left to right; each reads only columns not yet assigned.)
-        # params: rebuild start, rebuild start, rebuild start, generation
-        "upsert_tail": (
-            " {upsert[dispatcher, value]}"
-            " score = CASE WHEN state = 0 OR (state = 2 AND done_at < %s) THEN {new[score]} ELSE score END,"
-            " worker = CASE WHEN state = 2 AND done_at < %s THEN NULL ELSE worker END,"
-            " state = CASE WHEN state = 2 AND done_at < %s THEN 0 ELSE state END,"
-            " seen = %s"
-        ),
-        "unlisted": "SELECT id FROM {t} WHERE dispatcher = %s AND state = 0 AND seen <> %s LIMIT %s",
-        "old_done": "SELECT id FROM {t} WHERE dispatcher = %s AND state = 2 AND done_at < %s LIMIT %s",
-        "delete": "DELETE FROM {t} WHERE state = %s AND id IN (",
-        "finish": "UPDATE {p} SET rebuilt_at = {now} WHERE name = %s",
-        "counts": "SELECT state, COUNT(*) FROM {t} WHERE dispatcher = %s GROUP BY state",
-    },
-    {"t": "leases_tasks.PoolTask", "w": "leases_tasks.DispatchWorker", "p": "leases_tasks.TaskPool"},
-)
-
 
 def _chunks(items: list, size: int) -> Iterable[list]:
     for start in range(0, len(items), size):
@@ -136,7 +82,7 @@ class Dispatcher:
         """One statement in autocommit, retried on transient errors."""
 
         def work(cursor: Any, resumed: bool) -> Any:
-            cursor.execute(getattr(statements(cursor.db, "dispatch"), key), params)
+            cursor.execute(getattr(sql.dispatch(cursor.db), key), params)
             return cursor.fetchall() if fetch == "all" else cursor.rowcount
 
         return db.run(work, self.using)
@@ -161,8 +107,8 @@ class Dispatcher:
         rows = None if callable(mapping) else self._rows(mapping)
         with lock(f"dispatch-rebuild:{self.name}", ttl=120, wait=wait, using=self.using) as held:
             TaskPool.objects.using(self.using).get_or_create(name=self.name)
-            self._run("start", (self.name,))
-            ((generation, started),) = self._run("started", (self.name,), fetch="all")
+            self._run("start_rebuild", (self.name,))
+            ((generation, started),) = self._run("rebuild_started", (self.name,), fetch="all")
             if rows is None:
                 rows = self._rows(mapping())
             conn = connections[self.using]
@@ -177,7 +123,7 @@ class Dispatcher:
                 log.info("dispatcher %s: rebuild wrote %d/%d tasks", self.name, written, len(rows))
             dropped = self._delete_all("unlisted", POOL, generation)
             self._delete_all("old_done", DONE, since)
-            self._run("finish", (self.name,))
+            self._run("rebuilt", (self.name,))
             log.info("dispatcher %s: pool rebuilt with %d tasks, %d unlisted dropped", self.name, len(rows), dropped)
             return len(rows)
 
@@ -192,8 +138,8 @@ class Dispatcher:
             params += [self.name, value, score, generation]
 
         def work(cursor: Any, resumed: bool) -> None:
-            st = statements(cursor.db, "dispatch")
-            rows = ", ".join(["(%s, %s, %s, 0, %s)"] * len(batch))
+            st = sql.dispatch(cursor.db)
+            rows = ", ".join([st.upsert_row] * len(batch))
             cursor.execute(st.upsert + rows + st.upsert_tail, (*params, since, since, since, generation))
 
         db.run(work, self.using)
@@ -209,8 +155,8 @@ class Dispatcher:
         """`key`'s statement + `more`, completed with an IN list of `ids`; the row count."""
 
         def work(cursor: Any, resumed: bool) -> int:
-            sql = getattr(statements(cursor.db, "dispatch"), key) + more + in_list(ids)
-            cursor.execute(sql, (*params, *ids))
+            statement = getattr(sql.dispatch(cursor.db), key) + more + in_list(ids)
+            cursor.execute(statement, (*params, *ids))
             return cursor.rowcount
 
         return db.run(work, self.using)
@@ -230,30 +176,30 @@ class Dispatcher:
         return db.run(self._assigner(limit, worker), self.using)
 
     def _touch(self, worker: str) -> None:
-        if self._run("touch", (self.name, worker)):
+        if self._run("touch_worker", (self.name, worker)):
             return
         try:
-            self._run("register", (self.name, worker))
+            self._run("add_worker", (self.name, worker))
         except IntegrityError:
             pass  # registered by a concurrent call of the same worker
 
     def _assigner(self, limit: int, worker: str) -> Callable[[Any, bool], list[str]]:
         def work(cursor: Any, resumed: bool) -> list[str]:
-            st = statements(cursor.db, "dispatch")
+            st = sql.dispatch(cursor.db)
             with db.write_transaction(self.using):
                 cursor.execute(st.bucket, (self.name, worker))
                 bucket = cursor.fetchall()
                 if len(bucket) < limit:
-                    cursor.execute(st.pick, (self.name, limit - len(bucket)))
+                    cursor.execute(st.lowest_in_pool, (self.name, limit - len(bucket)))
                     picked = [row[0] for row in cursor.fetchall()]
                     if picked:
-                        cursor.execute(st.take + in_list(picked), (worker, *picked))
+                        cursor.execute(st.to_bucket + in_list(picked), (worker, *picked))
                         # Without SKIP LOCKED a concurrent claim may win some: read back.
                         cursor.execute(st.bucket, (self.name, worker))
                         bucket = cursor.fetchall()
                 elif len(bucket) > limit:
                     excess = [row[0] for row in bucket[limit:]]
-                    cursor.execute(st.trim + in_list(excess), (worker, *excess))
+                    cursor.execute(st.back_to_pool + in_list(excess), (worker, *excess))
                     bucket = bucket[:limit]
             return [value for _, value in bucket]
 
@@ -281,7 +227,7 @@ class Dispatcher:
         self._next_reclaim = time.monotonic() + stale / 4
         ago = db.dialect(connections[self.using]).seconds(-stale)
         returned = self._run("reclaim", (self.name, self.name, ago))
-        self._run("forget", (self.name, ago))
+        self._run("forget_workers", (self.name, ago))
         if returned:
             log.warning("dispatcher %s: %d tasks of workers unseen for %gs back in the pool", self.name, returned, stale)
         return returned

@@ -1,8 +1,16 @@
-"""Handlers: the functions jobs are routed to by name (the seed's strategy pattern).
+"""What a job's name stands for: its handler (the seed's strategy pattern), and what apps
+register beside handlers.
 
 A handler is registered with `@handler(name, ...)` in an installed app's ``handlers``
 module (imported on first need, by pushers and workers alike) or in a module the worker
-is told to import. Its options are the job's defaults: queue, attempts, backoff, timeout.
+is told to import. Its options are its jobs' settings, applied by the one maker of job
+rows (`leases.tasks.jobs.push`) whoever enqueues: queue, attempts, backoff, timeout and
+per-key limits. Above a Django task, `@handler(...)` sets that task's limits.
+
+Apps extend the queue here, in their `ready()`: a runner runs the jobs of a `backend`
+(pipelines' tasks), a finisher hears, in the ending transaction, that jobs with its
+`on_finish` ended, and a schedule target is something a schedule may start besides a
+handler's job (a pipeline run).
 """
 from __future__ import annotations
 
@@ -15,10 +23,10 @@ from typing import Any, Callable
 from django.utils.module_loading import autodiscover_modules
 
 from leases.exceptions import UnknownHandler
-from leases.validation import check_name, check_seconds
+from leases.validation import Backoff, check_attempts, check_backoff, check_name, check_queue, check_timeout
 
-from . import limits
-from .models import JOB_NAME_LENGTH, QUEUE_LENGTH
+from .jobs import limits
+from .models import JOB_NAME_LENGTH
 
 #: Longest pause between two attempts, whatever the backoff says.
 MAX_BACKOFF = 86400.0
@@ -27,33 +35,8 @@ DEFAULT_BACKOFF = 10.0
 
 log = logging.getLogger("leases.tasks")
 
-Backoff = float | Callable[[int], float]
-
-
-def check_queue(queue: Any) -> str:
-    """A queue name: printable, and without commas (workers take comma-separated lists)."""
-    check_name(queue, "queue", QUEUE_LENGTH)
-    if "," in queue:
-        raise ValueError(f"queue must be a name without commas, not {queue!r}")
-    return queue
-
-
-def check_attempts(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 1000:
-        raise ValueError(f"max_attempts must be a whole number from 1 to 1000, not {value!r}")
-    return value
-
-
-def check_backoff(value: Any) -> Backoff:
-    if callable(value):
-        return value
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
-        raise ValueError(f"backoff must be seconds >= 0 or a callable(attempt), not {value!r}")
-    return float(value)
-
-
-def check_timeout(value: Any) -> float | None:
-    return None if value is None else check_seconds(value, "timeout", above=True)
+#: A job's limit key: a string, or a function of the payload its handler receives.
+LimitKey = str | Callable[[Any], str] | None
 
 
 def retry_delay(backoff: Backoff, attempt: int) -> float:
@@ -75,7 +58,7 @@ def retry_delay(backoff: Backoff, attempt: int) -> float:
 
 @dataclass(frozen=True)
 class Handler:
-    """How jobs of one name run: `func(payload)` and the defaults of their jobs."""
+    """How jobs of one name run: `func(payload)`, and their settings."""
 
     name: str
     func: Callable[..., Any]
@@ -84,32 +67,44 @@ class Handler:
     backoff: Backoff = DEFAULT_BACKOFF
     timeout: float | None = None
     #: The key its jobs' limits count by: a string, or a function of the payload.
-    limit_key: str | Callable[[Any], str] | None = None
+    limit_key: LimitKey = None
     concurrency: int | None = None
     rate: str = ""
 
     def run(self, job: Any) -> Any:
-        """Run one claimed job (the worker's entry point; backend tasks override it)."""
+        """Run one claimed job (the worker's entry point; other runners override it)."""
         return self.func(job.payload)
 
     def delay(self, attempt: int) -> float:
         return retry_delay(self.backoff, attempt)
 
 
+@dataclass(frozen=True)
+class TaskLimits:
+    """The limits of a Django task's jobs, set by `@handler(...)` above `@task()`: its key
+    (a string, or a function of the payload {"args": [...], "kwargs": {...}}), how many of
+    the key run at once, how many start per period."""
+
+    limit_key: LimitKey = None
+    concurrency: int | None = None
+    rate: str = ""
+
+
 _HANDLERS: dict[str, Handler] = {}
+_TASKS: dict[str, TaskLimits] = {}
 _discovered = False
 
 
 def handler(
-    name: str,
+    name: str | None = None,
     queue: str = "default",
     max_attempts: int = 3,
     backoff: Backoff = DEFAULT_BACKOFF,
     timeout: float | None = None,
-    limit_key: str | Callable[[Any], str] | None = None,
+    limit_key: LimitKey = None,
     concurrency: int | None = None,
     rate: str | None = None,
-) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+) -> Callable[[Any], Any]:
     """Register the decorated function as the handler of jobs named `name`.
 
     It is called with the job's payload; what it returns (JSON) is kept as the result.
@@ -117,29 +112,53 @@ def handler(
     longer (the thread itself cannot be stopped: its late outcome is ignored).
     `limit_key` (a string, or a function of the payload) names the key its jobs count
     by: at most `concurrency` of a key run at once, and at most `rate` ("10/m") start
-    per period, across every worker (see leases.tasks.limits).
+    per period, across every worker (see leases.tasks.jobs.limits). These settings apply
+    to every job of the name, whoever enqueues it: a push, a pipeline, a schedule.
+
+    Above a Django task (``@handler(concurrency=1)`` over ``@task()``), without a name, it
+    sets the limits of that task's jobs; `limit_key` is then a function of the task's
+    arguments. Its queue stays the task's, its attempts, backoff and timeout the backend's.
     """
-    check_name(name, "handler name", JOB_NAME_LENGTH)
     if limit_key is not None and not callable(limit_key):
         limits.check_limit_key(limit_key)
-    spec = dict(
-        queue=check_queue(queue),
-        max_attempts=check_attempts(max_attempts),
-        backoff=check_backoff(backoff),
-        timeout=check_timeout(timeout),
-        limit_key=limit_key,
-        concurrency=limits.check_concurrency(concurrency),
-        rate=limits.check_rate(rate),
-    )
+    shared = dict(limit_key=limit_key, concurrency=limits.check_concurrency(concurrency), rate=limits.check_rate(rate))
+    own = dict(queue=queue, max_attempts=max_attempts, backoff=backoff, timeout=timeout)
 
-    def register(func: Callable[..., Any]) -> Callable[..., Any]:
+    def register(func: Any) -> Any:
+        if _is_task(func):
+            _register_task(func, name, own, shared)
+            return func
+        if name is None:
+            raise ValueError(f"@handler() of {_qualname(func)} needs a name: the name its jobs are pushed by")
+        check_name(name, "handler name", JOB_NAME_LENGTH)
+        spec = Handler(name=name, func=func, queue=check_queue(queue), max_attempts=check_attempts(max_attempts),
+                       backoff=check_backoff(backoff), timeout=check_timeout(timeout), **shared)
         existing = _HANDLERS.get(name)
         if existing is not None and existing.func is not func and _qualname(existing.func) != _qualname(func):
             raise ValueError(f"handler {name!r} is already registered to {_qualname(existing.func)}")
-        _HANDLERS[name] = Handler(name=name, func=func, **spec)
+        _HANDLERS[name] = spec
         return func
 
     return register
+
+
+def _is_task(func: Any) -> bool:
+    """A Django Tasks `Task` (of django.tasks or the backport), told apart without
+    importing the framework, which is optional."""
+    return hasattr(func, "module_path") and callable(getattr(func, "enqueue", None))
+
+
+def _register_task(task: Any, name: str | None, own: dict[str, Any], shared: dict[str, Any]) -> None:
+    given = [option for option, default in (("queue", "default"), ("max_attempts", 3), ("backoff", DEFAULT_BACKOFF),
+                                             ("timeout", None)) if own[option] != default]
+    if name is not None or given:
+        raise ValueError(f"@handler() above the Django task {task.module_path} takes only limit_key, concurrency"
+                         " and rate: its queue is @task(queue_name=...), its attempts, backoff and timeout are"
+                         " the OPTIONS of its TASKS entry")
+    key = shared["limit_key"]
+    if callable(key):
+        shared = {**shared, "limit_key": lambda payload, key=key: key(*payload["args"], **payload["kwargs"])}
+    _TASKS[task.module_path] = TaskLimits(**shared)
 
 
 def _qualname(func: Callable[..., Any]) -> str:
@@ -172,12 +191,25 @@ def find(name: str) -> Handler | None:
     return _HANDLERS.get(name)
 
 
+def registered() -> dict[str, Handler]:
+    discover()
+    return dict(_HANDLERS)
+
+
+def task_limits(module_path: str) -> TaskLimits:
+    """The limits `@handler` set on the Django task at `module_path` (none by default)."""
+    return _TASKS.get(module_path) or TaskLimits()
+
+
+# -- what apps add ----------------------------------------------------------------------
+
 _RUNNERS: dict[str, Callable[[Any], Any]] = {}
+_FINISHERS: dict[str, Callable[[Any, list[tuple[int, str]]], None]] = {}
 
 
 def add_runner(backend: str, factory: Callable[[Any], Any]) -> None:
     """Run jobs whose `backend` is `backend` with `factory(claimed job)`: an object with
-    `run(job)`, `delay(attempt)` and `timeout`, as a Handler has (an app's ready())."""
+    `run(job)`, `delay(attempt)` and `timeout`, as a Handler has."""
     _RUNNERS[backend] = factory
 
 
@@ -185,15 +217,12 @@ def runner(backend: str) -> Callable[[Any], Any] | None:
     return _RUNNERS.get(backend)
 
 
-_FINISHERS: dict[str, Callable[[Any, list[tuple[int, str]]], None]] = {}
-
-
 def add_finisher(on_finish: str, finisher: Callable[[Any, list[tuple[int, str]]], None]) -> None:
     """Handle the endings of jobs whose `on_finish` is `on_finish` with
     `finisher(cursor, [(job id, queue), ...])`, called in the transaction that ends them,
-    instead of queueing one follow-up job per ending (an app's ready()). It must only
-    write through the cursor's connection and raise nothing but database errors: the
-    outcomes it rides with are retried, or written one by one, when it raises."""
+    instead of queueing one follow-up job per ending. It must only write through the
+    cursor's connection and raise nothing but database errors: the outcomes it rides
+    with are retried, or written one by one, when it raises."""
     _FINISHERS[on_finish] = finisher
 
 
@@ -201,6 +230,30 @@ def finisher(on_finish: str) -> Callable[[Any, list[tuple[int, str]]], None] | N
     return _FINISHERS.get(on_finish)
 
 
-def registered() -> dict[str, Handler]:
-    discover()
-    return dict(_HANDLERS)
+@dataclass(frozen=True)
+class Target:
+    """Something a schedule may start besides a handler's job, registered by the app that
+    owns it (a pipeline, by leases.pipelines): a tick pushes a job of `handler`, whose
+    payload `payload(name, context, key)` makes, and the handler starts it. `check(name)`
+    is the target's name as the schedule keeps it, or ValueError naming the known ones."""
+
+    kind: str
+    handler: str
+    check: Callable[[str], str]
+    payload: Callable[[str, Any, str], dict[str, Any]]
+
+
+_TARGETS: dict[str, Target] = {}
+
+
+def add_target(target: Target) -> None:
+    _TARGETS[target.kind] = target
+
+
+def target(kind: str) -> Target:
+    """The target of `kind`; ValueError when no installed app registers one."""
+    try:
+        return _TARGETS[kind]
+    except KeyError:
+        raise ValueError(f"scheduling a {kind} needs the app that runs them in INSTALLED_APPS"
+                         f" (leases.{kind}s)") from None

@@ -1,91 +1,114 @@
-"""The job queue, as the SQL statements it runs (the dispatcher's live in dispatcher.py).
+"""Every statement of leases.tasks, by kind: the job queue (`jobs`), the rows of worker
+processes (`workers`), per-key limits (`limits`), schedules' runs (`schedules`) and the
+dispatcher (`dispatch`). The modules that run them say `sql.jobs(connection).claim`.
 
-Status codes are those of `Job`: 0 ready, 1 running, 2 succeeded, 3 failed, 4 dead,
-5 cancelled. Every transition of a running job names the claim it ends (`id = %s AND
-claims = %s AND status = 1`), so an attempt that was recovered and run again elsewhere
-cannot overwrite the newer outcome. Lists of ids or (id, claims) pairs are appended at
-run time, one placeholder per value.
+Statuses appear by name: {job.ready} is `JobStatus.READY` as an SQL literal, {task.pool}
+a dispatcher task's state, {run.succeeded} a schedule run's. Every transition of a
+running job names the claim it ends (`id = %s AND claims = %s AND status =
+{job.running}`), so an attempt that was recovered and run again elsewhere cannot
+overwrite the newer outcome. A statement whose key ends in "(" is completed at run time
+with one placeholder per value (`leases.sql.in_list`). Values are always parameters.
 """
 from __future__ import annotations
 
-from leases.sql import register
+from types import SimpleNamespace
+from typing import Any
 
-JOB = {
-    # One row per job, completed with "row" or "row_at" per job and then "insert_tail".
+from leases.sql import register, statements
+
+from .models import JobStatus, RunStatus, TaskState
+
+_CLAIMED_COLUMNS = (
+    "id, priority, run_at, queue, name, backend, payload, attempt, max_attempts, dedupe_key, claims, on_finish,"
+    " limit_key, concurrency, rate"
+)
+
+JOBS = {
+    # -- push: one row per job, a VALUES group per job ("values_after" or "values_at") --
     "insert": (
         "INSERT INTO {j} (queue, name, backend, on_finish, payload, dedupe_key, pending_key, priority,"
         " limit_key, concurrency, rate, max_attempts, run_at, status, attempt, claims, pushes, worker,"
         " enqueued_at) VALUES "
     ),
-    # A new job: params queue, name, backend, on_finish, payload, key, key, priority,
-    # limit key, concurrency, rate, max_attempts, then the delay ("row") or an absolute
-    # run time ("row_at").
-    "row": "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, {later}, 0, 0, 0, 1, '', {now})",
-    "row_at": "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, 0, 0, 0, 1, '', {now})",
+    # params: queue, name, backend, on_finish, payload, key, key, priority, limit key,
+    # concurrency, rate, max_attempts, then the delay ("after") or the run time ("at")
+    "values_after": "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, {later}, {job.ready}, 0, 0, 1, '', {now})",
+    "values_at": "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, {job.ready}, 0, 0, 1, '', {now})",
     # A waiting job with the same key takes the new run time and priority (the latest
     # push says what is wanted now), keeps its name and payload, and counts the push.
-    "insert_tail": " {upsert[pending_key]} run_at = {new[run_at]}, priority = {new[priority]}, pushes = pushes + 1",
+    "merge_waiting": " {upsert[pending_key]} run_at = {new[run_at]}, priority = {new[priority]}, pushes = pushes + 1",
     # params: pending key -> the job as the database holds it after the push
-    "pushed": (
+    "waiting_by_key": (
         "SELECT id, queue, name, backend, payload, dedupe_key, priority, run_at, status, attempt,"
         " max_attempts, enqueued_at, pushes FROM {j} WHERE pending_key = %s"
     ),
-    # params: delay (or run time), priority, pending key: move a waiting job (dedupe when
-    # its queue is full)
-    "reschedule": "UPDATE {j} SET run_at = {later}, priority = %s, pushes = pushes + 1 WHERE pending_key = %s",
-    "reschedule_at": "UPDATE {j} SET run_at = %s, priority = %s, pushes = pushes + 1 WHERE pending_key = %s",
+    # The ids of jobs just written in this transaction. Completed with their keys.
+    "ids_by_key": "SELECT pending_key, id FROM {j} WHERE pending_key IN (",
+    # Move a waiting job (dedupe when its queue is full). params: delay (or run time),
+    # priority, pending key
+    "move_waiting_after": "UPDATE {j} SET run_at = {later}, priority = %s, pushes = pushes + 1 WHERE pending_key = %s",
+    "move_waiting_at": "UPDATE {j} SET run_at = %s, priority = %s, pushes = pushes + 1 WHERE pending_key = %s",
+    # -- queues and their bounds --
     # Is the queue holding at least n waiting jobs? params: queue, n - 1
-    "full": "SELECT 1 FROM {j} WHERE status = 0 AND queue = %s ORDER BY priority DESC, run_at LIMIT 1 OFFSET %s",
-    # The claim, per queue: an index range scan of ready rows in claim order.
-    "pick": (
-        "SELECT id, priority, run_at, queue, name, backend, payload, attempt, max_attempts, dedupe_key,"
-        " claims, on_finish, limit_key, concurrency, rate FROM {j} WHERE status = 0 AND queue = %s"
-        " AND run_at <= {now}"
+    "queue_holds": (
+        "SELECT 1 FROM {j} WHERE status = {job.ready} AND queue = %s ORDER BY priority DESC, run_at"
+        " LIMIT 1 OFFSET %s"
+    ),
+    # A queue's settings. params: name
+    "queue_settings": "SELECT paused, max_length, when_full, full_timeout FROM {q} WHERE name = %s",
+    # Its row, made on first push; a second maker changes nothing. params: name, paused,
+    # when_full, full_timeout (the model's defaults)
+    "add_queue": (
+        "INSERT INTO {q} (name, paused, max_length, when_full, full_timeout) VALUES (%s, %s, NULL, %s, %s)"
+        " {upsert[name]} name = {new[name]}"
+    ),
+    # -- claim: per queue, an index range scan of ready rows in claim order --
+    # params: queue, how many
+    "due": (
+        f"SELECT {_CLAIMED_COLUMNS} FROM {{j}} WHERE status = {{job.ready}} AND queue = %s AND run_at <= {{now}}"
         " ORDER BY priority DESC, run_at, id LIMIT %s{skip_locked}"
     ),
     # params: worker, ttl, then ids
-    "take": (
-        "UPDATE {j} SET status = 1, attempt = attempt + 1, claims = claims + 1, worker = %s,"
-        " pending_key = NULL, started_at = {now}, expires_at = {later} WHERE status = 0 AND id IN ("
-    ),
-    # After a claim whose reply was lost: what this worker holds (claimed, not yet known).
-    # Running rows are few (workers x concurrency), read through the claim index's status
-    # prefix. params: worker
-    "mine": (
-        "SELECT id, priority, run_at, queue, name, backend, payload, attempt, max_attempts, dedupe_key,"
-        " claims, on_finish, limit_key, concurrency, rate FROM {j} WHERE status = 1 AND worker = %s"
+    "claim": (
+        "UPDATE {j} SET status = {job.running}, attempt = attempt + 1, claims = claims + 1, worker = %s,"
+        " pending_key = NULL, started_at = {now}, expires_at = {later} WHERE status = {job.ready} AND id IN ("
     ),
     # Without SKIP LOCKED a racing claim may have won some rows. params: worker, then ids
-    "taken": "SELECT id FROM {j} WHERE status = 1 AND worker = %s AND id IN (",
+    "claimed_among": "SELECT id FROM {j} WHERE status = {job.running} AND worker = %s AND id IN (",
+    # After a claim whose reply was lost: what runs under this worker's name. Running rows
+    # are few (workers x concurrency), read through the claim index's status prefix.
+    # params: worker
+    "running_for": f"SELECT {_CLAIMED_COLUMNS} FROM {{j}} WHERE status = {{job.running}} AND worker = %s",
+    # -- outcomes: each names the claim it ends --
     # params: result, then (id, claims) pairs
     "succeed": (
-        "UPDATE {j} SET status = 2, result = %s, finished_at = {now}, expires_at = NULL"
-        " WHERE status = 1 AND ("
+        "UPDATE {j} SET status = {job.succeeded}, result = %s, finished_at = {now}, expires_at = NULL"
+        " WHERE status = {job.running} AND ("
     ),
     # params: delay, id, claims
-    "retry": (
-        "UPDATE {j} SET status = 0, run_at = {later}, worker = '', expires_at = NULL"
-        " WHERE id = %s AND claims = %s AND status = 1"
+    "retry_later": (
+        "UPDATE {j} SET status = {job.ready}, run_at = {later}, worker = '', expires_at = NULL"
+        " WHERE id = %s AND claims = %s AND status = {job.running}"
     ),
     # params: status (failed or dead), id, claims
-    "bury": (
+    "end_unsuccessful": (
         "UPDATE {j} SET status = %s, finished_at = {now}, expires_at = NULL"
-        " WHERE id = %s AND claims = %s AND status = 1"
+        " WHERE id = %s AND claims = %s AND status = {job.running}"
     ),
     # A worker without the job's handler (a rolling deploy) gives it back for later, and
     # the try with it. params: delay, id, claims
-    "bounce": (
-        "UPDATE {j} SET status = 0, run_at = {later}, attempt = CASE WHEN attempt > 0 THEN attempt - 1"
+    "give_back_unhandled": (
+        "UPDATE {j} SET status = {job.ready}, run_at = {later}, attempt = CASE WHEN attempt > 0 THEN attempt - 1"
         " ELSE 0 END, worker = '', expires_at = NULL, bounced_at = COALESCE(bounced_at, {now})"
-        " WHERE id = %s AND claims = %s AND status = 1"
+        " WHERE id = %s AND claims = %s AND status = {job.running}"
     ),
     # ... unless no worker has had the handler for the grace period. params: id, claims, -grace
-    "unhandled": (
-        "UPDATE {j} SET status = 3, finished_at = {now}, expires_at = NULL"
-        " WHERE id = %s AND claims = %s AND status = 1 AND bounced_at <= {later}"
+    "fail_unhandled": (
+        "UPDATE {j} SET status = {job.failed}, finished_at = {now}, expires_at = NULL"
+        " WHERE id = %s AND claims = %s AND status = {job.running} AND bounced_at <= {later}"
     ),
     # params: job id, attempt (the try's number), exception, message, traceback, worker
-    "error": (
+    "record_error": (
         "INSERT INTO {e} (job_id, attempt, exception, message, traceback, worker, at)"
         " VALUES (%s, %s, %s, %s, %s, %s, {now})"
     ),
@@ -94,79 +117,74 @@ JOB = {
     # up a try. Completed with "AND id NOT IN (...)" for outcomes not yet written.
     # params: worker
     "hand_back": (
-        "UPDATE {j} SET status = 0, worker = '', expires_at = NULL,"
-        " attempt = CASE WHEN attempt > 0 THEN attempt - 1 ELSE 0 END WHERE status = 1 AND worker = %s"
+        "UPDATE {j} SET status = {job.ready}, worker = '', expires_at = NULL,"
+        " attempt = CASE WHEN attempt > 0 THEN attempt - 1 ELSE 0 END WHERE status = {job.running} AND worker = %s"
     ),
     # The limited keys of what it hands back (their slots come free). params: worker
-    "handed_keys": (
-        "SELECT limit_key, concurrency, rate FROM {j} WHERE status = 1 AND worker = %s AND limit_key <> ''"
+    "hand_back_keys": (
+        "SELECT limit_key, concurrency, rate FROM {j} WHERE status = {job.running} AND worker = %s"
+        " AND limit_key <> ''"
     ),
+    # -- recovery: leases on running attempts --
     # The heartbeat extends the leases of the attempts the worker runs (or finished and has
     # yet to write), and no other: a claim it never heard back from lapses and is recovered.
     # params: ttl, worker, then ids
-    "extend": "UPDATE {j} SET expires_at = {later} WHERE status = 1 AND worker = %s AND id IN (",
+    "extend": "UPDATE {j} SET expires_at = {later} WHERE status = {job.running} AND worker = %s AND id IN (",
     # A worker whose own lease lapsed registers again and keeps the jobs nobody recovered.
     # params: new worker, old worker
-    "adopt": "UPDATE {j} SET worker = %s WHERE status = 1 AND worker = %s",
-    # Running attempts whose lease lapsed (their worker stopped heartbeating).
+    "adopt": "UPDATE {j} SET worker = %s WHERE status = {job.running} AND worker = %s",
+    # Running attempts whose lease lapsed (their worker stopped heartbeating). params: how many
     "lapsed": (
         "SELECT id, claims, attempt, worker, max_attempts, queue, on_finish, limit_key, concurrency, rate, name"
-        " FROM {j} WHERE status = 1 AND expires_at <= {now}"
-        " ORDER BY id LIMIT %s{skip_locked}"
+        " FROM {j} WHERE status = {job.running} AND expires_at <= {now} ORDER BY id LIMIT %s{skip_locked}"
     ),
     # ... of these jobs only (an operator's choice). params: ids
-    "lapsed_in": (
+    "lapsed_among": (
         "SELECT id, claims, attempt, worker, max_attempts, queue, on_finish, limit_key, concurrency, rate, name"
-        " FROM {j} WHERE status = 1 AND expires_at <= {now} AND id IN ("
+        " FROM {j} WHERE status = {job.running} AND expires_at <= {now} AND id IN ("
     ),
     # Back to ready when attempts remain, else dead. params: id, claims
     "recover": (
-        "UPDATE {j} SET status = CASE WHEN attempt >= max_attempts THEN 4 ELSE 0 END,"
+        "UPDATE {j} SET status = CASE WHEN attempt >= max_attempts THEN {job.dead} ELSE {job.ready} END,"
         " finished_at = CASE WHEN attempt >= max_attempts THEN {now} ELSE NULL END,"
         " worker = '', expires_at = NULL"
-        " WHERE id = %s AND claims = %s AND status = 1 AND expires_at <= {now}"
+        " WHERE id = %s AND claims = %s AND status = {job.running} AND expires_at <= {now}"
     ),
+    # -- operators' actions. params: ids --
+    # Waiting jobs to cancel, locked first so their on_finish jobs are queued for exactly
+    # the rows cancelled.
+    "cancellable": "SELECT id, queue, on_finish FROM {j} WHERE status IN ({job.ready}, {job.blocked}) AND id IN (",
+    "cancel": (
+        "UPDATE {j} SET status = {job.cancelled}, pending_key = NULL, finished_at = {now}"
+        " WHERE status IN ({job.ready}, {job.blocked}) AND id IN ("
+    ),
+    # A finished job that did not succeed runs again now with the tries it has left, and
+    # at least one: max_attempts grows only when it was used up.
+    "run_again": (
+        "UPDATE {j} SET status = {job.ready}, run_at = {now}, max_attempts = CASE WHEN max_attempts > attempt"
+        " THEN max_attempts ELSE attempt + 1 END, finished_at = NULL, worker = '', result = NULL,"
+        " bounced_at = NULL WHERE status IN ({job.failed}, {job.dead}, {job.cancelled}) AND id IN ("
+    ),
+    "discardable": "SELECT id, status, queue, on_finish FROM {j} WHERE status <> {job.running} AND id IN (",
+    "discard": "DELETE FROM {j} WHERE status <> {job.running} AND id IN (",
+    # -- history --
     # Finished runs of one key beyond the newest n. params: key, n
-    "old_runs": (
+    "old_runs_of_key": (
         "SELECT id FROM {j} WHERE dedupe_key = %s AND finished_at IS NOT NULL"
         " ORDER BY finished_at DESC, id DESC LIMIT 1000 OFFSET %s"
     ),
     # Which of these keys have more than n finished runs? Completed with the keys, then
-    # "crowded_tail" (param n).
-    "crowded": "SELECT dedupe_key FROM {j} WHERE finished_at IS NOT NULL AND dedupe_key IN (",
-    "crowded_tail": " GROUP BY dedupe_key HAVING COUNT(*) > %s",
+    # "keys_over_tail" (param n).
+    "keys_over": "SELECT dedupe_key FROM {j} WHERE finished_at IS NOT NULL AND dedupe_key IN (",
+    "keys_over_tail": " GROUP BY dedupe_key HAVING COUNT(*) > %s",
     # params: cutoff, batch size
-    "expired": "SELECT id FROM {j} WHERE finished_at < %s ORDER BY finished_at LIMIT %s",
+    "finished_before": "SELECT id FROM {j} WHERE finished_at < %s ORDER BY finished_at LIMIT %s",
     "delete_errors": "DELETE FROM {e} WHERE job_id IN (",
-    "delete": "DELETE FROM {j} WHERE finished_at IS NOT NULL AND id IN (",
-    # Operator actions. params: ids. Waiting jobs to cancel, locked first so their
-    # on_finish jobs are queued for exactly the rows cancelled.
-    "cancellable": "SELECT id, queue, on_finish FROM {j} WHERE status IN (0, 6) AND id IN (",
-    "cancel": (
-        "UPDATE {j} SET status = 5, pending_key = NULL, finished_at = {now}"
-        " WHERE status IN (0, 6) AND id IN ("
-    ),
-    # A finished job that did not succeed runs again now with the tries it has left, and
-    # at least one: max_attempts grows only when it was used up.
-    "again": (
-        "UPDATE {j} SET status = 0, run_at = {now}, max_attempts = CASE WHEN max_attempts > attempt"
-        " THEN max_attempts ELSE attempt + 1 END, finished_at = NULL, worker = '', result = NULL,"
-        " bounced_at = NULL WHERE status IN (3, 4, 5) AND id IN ("
-    ),
-    "discardable": "SELECT id, status, queue, on_finish FROM {j} WHERE status <> 1 AND id IN (",
-    "discard": "DELETE FROM {j} WHERE status <> 1 AND id IN (",
-    # A queue's settings. params: name
-    "queue": "SELECT paused, max_length, when_full, full_timeout FROM {q} WHERE name = %s",
-    # Its row, made on first push; a second maker changes nothing. params: name, paused,
-    # when_full, full_timeout (the model's defaults)
-    "add_queue": (
-        "INSERT INTO {q} (name, paused, max_length, when_full, full_timeout) VALUES (%s, %s, NULL, %s, %s)"
-        " {upsert[name]} name = {new[name]}"
-    ),
+    "delete_finished": "DELETE FROM {j} WHERE finished_at IS NOT NULL AND id IN (",
 }
 
-# The worker's process row is a lease, with the protocol of leases.sql (kind "worker").
-WORKER = {
+# A worker process's row is a lease, with the protocol of leases.sql's (kind "worker").
+WORKERS = {
     # params: name, holder, queues, concurrency, ttl
     "register": (
         "INSERT INTO {w} (name, holder, token, queues, concurrency, started_at, heartbeat_at, expires_at)"
@@ -180,32 +198,158 @@ WORKER = {
     ),
     # params: id, token, holder
     "release": "UPDATE {w} SET expires_at = {now}, holder = '' WHERE id = %s AND token = %s AND holder = %s",
-    # Rows of workers gone for a day are forgotten. params: -seconds
+    # Rows of workers gone for a while are forgotten. params: -seconds
     "forget": "DELETE FROM {w} WHERE expires_at < {later}",
+}
+
+# Per-key limits (see leases.tasks.jobs.limits), in the claim's and the outcomes' transactions.
+LIMITS = {
+    # The rows whose locks serialise decisions about keys. Each decision writes its keys'
+    # rows (a counter), not only locks them: on Galera a row lock is local to its node and
+    # only written rows are certified, so two nodes deciding about one key must both write
+    # it for one of them to be refused at COMMIT (and retried). The range read over the
+    # unique index locks in name order everywhere: no deadlock. Completed with the keys.
+    "lock_keys": "UPDATE {k} SET decisions = decisions + 1 WHERE name IN (",
+    # Which of the keys have a row (after "lock_keys", which locked them). Completed with keys.
+    "existing_keys": "SELECT name FROM {k} WHERE name IN (",
+    # The keys without a row yet: completed with "(%s, 1)" per key, then "add_keys_tail".
+    "add_keys": "INSERT INTO {k} (name, decisions) VALUES ",
+    "add_keys_tail": " {upsert[name]} decisions = decisions + 1",
+    # Running jobs per key, through (limit_key, status). Completed with keys, "by_key".
+    "running_per_key": "SELECT limit_key, COUNT(*) FROM {j} WHERE status = {job.running} AND limit_key IN (",
+    # Starts per key since a moment, and the oldest. params: since, then the keys, "by_key"
+    "starts_per_key": (
+        "SELECT limit_key, COUNT(*), MIN(started_at) FROM {j} WHERE started_at > %s AND limit_key IN ("
+    ),
+    # Which of these keys hold blocked jobs. Completed with keys, "by_key".
+    "blocked_per_key": "SELECT limit_key, COUNT(*) FROM {j} WHERE status = {job.blocked} AND limit_key IN (",
+    "by_key": " GROUP BY limit_key",
+    # The key's ready jobs leave the claim, but for those being taken. params: key, then ids
+    "block": "UPDATE {j} SET status = {job.blocked} WHERE limit_key = %s AND status = {job.ready} AND id NOT IN (",
+    # ... or wait, ready, until the window has room. params: run time, key, run time, then ids
+    "delay": (
+        "UPDATE {j} SET run_at = %s WHERE limit_key = %s AND status = {job.ready} AND run_at < %s AND id NOT IN ("
+    ),
+    # The key's blocked jobs in claim order. params: key, how many
+    "next_blocked": (
+        "SELECT id FROM {j} WHERE limit_key = %s AND status = {job.blocked} ORDER BY priority DESC, run_at, id"
+        " LIMIT %s"
+    ),
+    "unblock": "UPDATE {j} SET status = {job.ready} WHERE status = {job.blocked} AND id IN (",
+    # Keys with blocked jobs, and how many. (A pass over blocked rows only.)
+    "blocked_keys": "SELECT limit_key, COUNT(*) FROM {j} WHERE status = {job.blocked} GROUP BY limit_key",
+    # What a key holds back: its limits as its newest waiting job carries them. params: key
+    "limits_carried": (
+        "SELECT concurrency, rate FROM {j} WHERE limit_key = %s AND status IN ({job.ready}, {job.blocked})"
+        " ORDER BY id DESC LIMIT 1"
+    ),
 }
 
 _FROM_JOB = "(SELECT j.{col} FROM {j} j WHERE j.id = {r}.job_id)"
 
 # A schedule's runs (see leases.tasks.schedules).
-SCHEDULE = {
+SCHEDULES = {
     # Drop runs older than a schedule's newest N (no subtraction: the columns are unsigned).
     # params: N, then schedule ids
-    "trim": (
+    "trim_runs": (
         "DELETE FROM {r} WHERE number + %s <= (SELECT s.fires FROM {s} s WHERE s.id = {r}.schedule_id)"
         " AND schedule_id IN ("
     ),
     # Copy how the runs' jobs ended; a job deleted while it waited was discarded. params: job ids
-    "ended": (
-        "UPDATE {r} SET status = COALESCE((SELECT CASE j.status WHEN 2 THEN 'succeeded' WHEN 3 THEN 'failed'"
-        " WHEN 4 THEN 'dead' WHEN 5 THEN 'cancelled' END FROM {j} j WHERE j.id = {r}.job_id), 'discarded'),"
+    "runs_ended": (
+        "UPDATE {r} SET status = COALESCE((SELECT CASE j.status WHEN {job.succeeded} THEN {run.succeeded}"
+        " WHEN {job.failed} THEN {run.failed} WHEN {job.dead} THEN {run.dead} WHEN {job.cancelled}"
+        " THEN {run.cancelled} END FROM {j} j WHERE j.id = {r}.job_id), {run.discarded}),"
         " started_at = " + _FROM_JOB.replace("{col}", "started_at") + ","
         " finished_at = COALESCE(" + _FROM_JOB.replace("{col}", "finished_at") + ", {now})"
         " WHERE job_id IN ("
     ),
     # params: job ids
-    "failed": "SELECT id FROM {j} WHERE status IN (3, 4) AND id IN (",
+    "failed_jobs": "SELECT id FROM {j} WHERE status IN ({job.failed}, {job.dead}) AND id IN (",
 }
 
-register("job", JOB, {"j": "leases_tasks.Job", "e": "leases_tasks.JobError", "q": "leases_tasks.Queue"})
-register("worker", WORKER, {"w": "leases_tasks.Worker"})
-register("schedule", SCHEDULE, {"r": "leases_tasks.ScheduleRun", "s": "leases_tasks.Schedule", "j": "leases_tasks.Job"})
+# The pool/bucket dispatcher (see leases.tasks.dispatcher).
+DISPATCH = {
+    "touch_worker": "UPDATE {w} SET last_seen = {now} WHERE dispatcher = %s AND name = %s",
+    "add_worker": "INSERT INTO {w} (dispatcher, name, last_seen) VALUES (%s, %s, {now})",
+    "bucket": (
+        "SELECT id, value FROM {t} WHERE dispatcher = %s AND worker = %s AND state = {task.bucket}"
+        " ORDER BY assigned_at, score, id"
+    ),
+    "lowest_in_pool": (
+        "SELECT id, value FROM {t} WHERE dispatcher = %s AND state = {task.pool}"
+        " ORDER BY score, id LIMIT %s{skip_locked}"
+    ),
+    # params: worker, then ids
+    "to_bucket": (
+        "UPDATE {t} SET state = {task.bucket}, worker = %s, assigned_at = {now} WHERE state = {task.pool} AND id IN ("
+    ),
+    "back_to_pool": (
+        "UPDATE {t} SET state = {task.pool}, worker = NULL, assigned_at = NULL"
+        " WHERE worker = %s AND state = {task.bucket} AND id IN ("
+    ),
+    "done": (
+        "UPDATE {t} SET state = {task.done}, done_at = {now}"
+        " WHERE dispatcher = %s AND worker = %s AND state = {task.bucket}"
+    ),
+    # Buckets of workers not seen since `later` (a negative offset) go back to the pool.
+    "reclaim": (
+        "UPDATE {t} SET state = {task.pool}, worker = NULL, assigned_at = NULL"
+        " WHERE dispatcher = %s AND state = {task.bucket} AND worker NOT IN"
+        " (SELECT name FROM {w} WHERE dispatcher = %s AND last_seen >= {later})"
+    ),
+    "forget_workers": "DELETE FROM {w} WHERE dispatcher = %s AND last_seen < {later}",
+    "start_rebuild": "UPDATE {p} SET generation = generation + 1, rebuild_started_at = {now} WHERE name = %s",
+    "rebuild_started": "SELECT generation, rebuild_started_at FROM {p} WHERE name = %s",
+    # Completed with "(%s, %s, %s, {task.pool}, %s)" per task ("upsert_row"), then "upsert_tail".
+    "upsert": "INSERT INTO {t} (dispatcher, value, score, state, seen) VALUES ",
+    "upsert_row": "(%s, %s, %s, {task.pool}, %s)",
+    # A task in a bucket stays there, and so does one done during this rebuild; a pool
+    # task takes the new score; a task done before the rebuild began is listed again.
+    # (MySQL applies these left to right; each reads only columns not yet assigned.)
+    # params: rebuild start, rebuild start, rebuild start, generation
+    "upsert_tail": (
+        " {upsert[dispatcher, value]}"
+        " score = CASE WHEN state = {task.pool} OR (state = {task.done} AND done_at < %s) THEN {new[score]}"
+        " ELSE score END,"
+        " worker = CASE WHEN state = {task.done} AND done_at < %s THEN NULL ELSE worker END,"
+        " state = CASE WHEN state = {task.done} AND done_at < %s THEN {task.pool} ELSE state END,"
+        " seen = %s"
+    ),
+    "unlisted": "SELECT id FROM {t} WHERE dispatcher = %s AND state = {task.pool} AND seen <> %s LIMIT %s",
+    "old_done": "SELECT id FROM {t} WHERE dispatcher = %s AND state = {task.done} AND done_at < %s LIMIT %s",
+    # params: state, then ids
+    "delete": "DELETE FROM {t} WHERE state = %s AND id IN (",
+    "rebuilt": "UPDATE {p} SET rebuilt_at = {now} WHERE name = %s",
+    "counts": "SELECT state, COUNT(*) FROM {t} WHERE dispatcher = %s GROUP BY state",
+}
+
+_JOB = "leases_tasks.Job"
+register("job", JOBS, {"j": _JOB, "e": "leases_tasks.JobError", "q": "leases_tasks.Queue"}, {"job": JobStatus})
+register("worker", WORKERS, {"w": "leases_tasks.Worker"})
+register("limits", LIMITS, {"k": "leases_tasks.LimitKey", "j": _JOB}, {"job": JobStatus})
+register("schedule", SCHEDULES, {"r": "leases_tasks.ScheduleRun", "s": "leases_tasks.Schedule", "j": _JOB},
+         {"job": JobStatus, "run": RunStatus})
+register("dispatch", DISPATCH, {"t": "leases_tasks.PoolTask", "w": "leases_tasks.DispatchWorker",
+                                "p": "leases_tasks.TaskPool"}, {"task": TaskState})
+
+
+def jobs(connection: Any) -> SimpleNamespace:
+    """The job queue's statements for `connection`'s vendor."""
+    return statements(connection, "job")
+
+
+def workers(connection: Any) -> SimpleNamespace:
+    return statements(connection, "worker")
+
+
+def limits(connection: Any) -> SimpleNamespace:
+    return statements(connection, "limits")
+
+
+def schedules(connection: Any) -> SimpleNamespace:
+    return statements(connection, "schedule")
+
+
+def dispatch(connection: Any) -> SimpleNamespace:
+    return statements(connection, "dispatch")

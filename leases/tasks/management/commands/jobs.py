@@ -20,11 +20,12 @@ from django.core.management.base import CommandError, CommandParser
 from django.db.models import Count, Min, Q
 
 from leases import db, routing
+from leases.clock import db_now
 from leases.durations import parse_duration
 from leases.management.base import EX_TEMPFAIL, LeasesCommand, add_database_option
 from leases.management.text import ago, clock, elapsed, shown, table, whole
-from leases.pool import db_now
-from leases.tasks import queue as jobqueue
+from leases.tasks.jobs import actions
+from leases.tasks.jobs.queues import all_queues, known_queues
 from leases.tasks.models import Job, JobError
 
 #: Seconds between two looks at the job in `wait`.
@@ -45,11 +46,11 @@ _ID = re.compile(r"[0-9]+")
 #: Per bulk action: its queue function, its verb, what a job it leaves alone is, the
 #: statuses its --status takes, and its help.
 ACTIONS = {
-    "retry": (jobqueue.retry, "retried", "not failed, dead or cancelled", ("failed", "dead", "cancelled"),
+    "retry": (actions.retry, "retried", "not failed, dead or cancelled", ("failed", "dead", "cancelled"),
               "run failed, dead or cancelled jobs again now"),
-    "cancel": (jobqueue.cancel, "cancelled", "not waiting", ("ready", "blocked"),
+    "cancel": (actions.cancel, "cancelled", "not waiting", ("ready", "blocked"),
                "cancel waiting jobs (running ones finish)"),
-    "discard": (jobqueue.discard, "discarded", "running", tuple(name for name in NAMES if name != "running"),
+    "discard": (actions.discard, "discarded", "running", tuple(name for name in NAMES if name != "running"),
                 "delete jobs that are not running, with their errors"),
 }
 
@@ -251,10 +252,10 @@ class Command(LeasesCommand):
         for part in (live, due, recent):
             for row in part:
                 found.setdefault(row.pop("queue"), {}).update(row)
-        settings = jobqueue.all_queues(using)
+        settings = all_queues(using)
         names = sorted(set(settings) | set(found))
         if queue is not None:
-            known = names if queue in names else sorted(jobqueue.known_queues(using))
+            known = names if queue in names else sorted(known_queues(using))
             if queue not in known:
                 raise ValueError(f"no queue named {queue!r} (known: {', '.join(known) or 'none'})")
             names = [queue]
@@ -300,7 +301,7 @@ class Command(LeasesCommand):
             except ValueError as exc:
                 raise ValueError(f"--older-than: {exc}") from None
             before = None if seconds is None else db_now(using) - timedelta(seconds=seconds)
-            batches = jobqueue.select_batches(name, queue=queue, before=before, size=BATCH, using=using)
+            batches = actions.select_batches(name, queue=queue, before=before, size=BATCH, using=using)
         for batch in batches:
             done += call(batch, using=using)
             seen += len(batch)

@@ -13,8 +13,8 @@ from django.core.management.base import CommandError, CommandParser
 from leases import routing
 from leases.durations import parse_duration
 from leases.management.base import LeasesCommand
-from leases.tasks.queue import prune
-from leases.tasks.worker import forget_workers
+from leases.tasks.jobs.history import prune
+from leases.tasks.jobs.recovery import forget_workers
 
 
 class Command(LeasesCommand):

@@ -19,9 +19,9 @@ from django.db import Error, connections
 
 from leases import db, logs, routing
 from leases.management.base import EX_USAGE, LeasesCommand, import_modules
-from leases.tasks import queue as jobqueue
 from leases.tasks import schedules
-from leases.tasks.worker import MIN_TTL, Worker
+from leases.tasks.jobs.queues import known_queues
+from leases.tasks.worker import MIN_TTL, JobWorker
 from leases.validation import check_seconds
 
 #: Upper bounds that keep a typo from making a worker that never polls or never exits.
@@ -80,7 +80,7 @@ class Command(LeasesCommand):
         if not names:
             raise CommandError("--queue names no queue", returncode=EX_USAGE)
         workers = [
-            Worker(
+            JobWorker(
                 queues=queues,
                 concurrency=options["concurrency"],
                 poll=poll,
@@ -107,7 +107,7 @@ class Command(LeasesCommand):
             thread.join()
 
     @staticmethod
-    def _ready(worker: Worker) -> bool:
+    def _ready(worker: JobWorker) -> bool:
         """Check what a worker serves before it starts: its database answers (an outage
         is waited out; anything else, such as a wrong password, is bad input), its queues
         are known, the schedules of LEASES_SCHEDULES apply. False if stopped meanwhile."""
@@ -119,7 +119,7 @@ class Command(LeasesCommand):
                 raise CommandError(f"database {worker.using!r} (queues {queues}): {exc}".splitlines()[0],
                                    returncode=EX_USAGE) from None
         if worker.queues != ["*"]:
-            known = worker.when_up(lambda: jobqueue.known_queues(worker.using))
+            known = worker.when_up(lambda: known_queues(worker.using))
             if known is None:
                 return False
             unknown = sorted(set(worker.queues) - known)

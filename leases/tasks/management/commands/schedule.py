@@ -10,10 +10,10 @@ from typing import Any
 from django.core.management.base import CommandParser
 
 from leases import db, routing
+from leases.clock import db_now
 from leases.durations import parse_duration
 from leases.management.base import LeasesCommand, add_database_option, import_modules
 from leases.management.text import clock, elapsed, parse_json, shown, table
-from leases.pool import db_now
 from leases.tasks import schedules
 from leases.tasks.models import Job, Schedule, ScheduleRun
 

@@ -1,5 +1,5 @@
 """The scheduler inside every `leases_worker`: one worker at a time leads, through this
-project's own lock, and fires due ticks (`leases.tasks.schedules.fire_due`).
+project's own lock, and fires due ticks (`fire.fire_some`).
 
 The lead is a lease with the worker's ttl, renewed every ttl/3 from the worker's loop;
 when its holder dies or hangs, another worker takes it within that ttl. A leader that
@@ -16,7 +16,7 @@ from django.db import Error
 from leases.exceptions import LeaseLost, Locked
 from leases.locks import HeldLock, acquire_lock
 
-from .schedules import fire_some
+from .fire import fire_some
 
 log = logging.getLogger("leases.tasks.scheduler")
 

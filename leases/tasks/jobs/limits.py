@@ -24,11 +24,12 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from leases import db
-from leases.sql import in_list, register, statements
+from leases import clock, db
+from leases.sql import in_list
 from leases.validation import check_name
 
-from .models import KEY_LENGTH, LimitRule
+from .. import sql
+from ..models import KEY_LENGTH, LimitRule
 
 log = logging.getLogger("leases.tasks.limits")
 
@@ -131,76 +132,33 @@ def limits_for(key: str, concurrency: int | None, rate: str, using: str) -> Limi
 
 # -- decisions, in the claim's and the outcomes' transactions -----------------------------
 
-LIMITS = {
-    # The rows whose locks serialise decisions about keys. Each decision writes its keys'
-    # rows (a counter), not only locks them: on Galera a row lock is local to its node and
-    # only written rows are certified, so two nodes deciding about one key must both write
-    # it for one of them to be refused at COMMIT (and retried). The range read over the
-    # unique index locks in name order everywhere: no deadlock. Completed with the keys.
-    "touch": "UPDATE {k} SET decisions = decisions + 1 WHERE name IN (",
-    # Which of the keys have a row (after "touch", which locked them). Completed with keys.
-    "existing": "SELECT name FROM {k} WHERE name IN (",
-    # The keys without a row yet: completed with "(%s, 1)" per key, then "ensure_tail".
-    "ensure": "INSERT INTO {k} (name, decisions) VALUES ",
-    "ensure_tail": " {upsert[name]} decisions = decisions + 1",
-    # Running jobs per key, through (limit_key, status). Completed with keys, "by_key".
-    "running": "SELECT limit_key, COUNT(*) FROM {j} WHERE status = 1 AND limit_key IN (",
-    # Starts per key since a moment, and the oldest. params: since, then the keys, "by_key"
-    "starts": "SELECT limit_key, COUNT(*), MIN(started_at) FROM {j} WHERE started_at > %s AND limit_key IN (",
-    # Which of these keys hold blocked jobs. Completed with keys, "by_key".
-    "blocked_among": "SELECT limit_key, COUNT(*) FROM {j} WHERE status = 6 AND limit_key IN (",
-    "by_key": " GROUP BY limit_key",
-    # The key's ready jobs leave the claim, but for those being taken. params: key, then ids
-    "block": "UPDATE {j} SET status = 6 WHERE limit_key = %s AND status = 0 AND id NOT IN (",
-    # ... or wait, ready, until the window has room. params: run time, key, run time, then ids
-    "delay": "UPDATE {j} SET run_at = %s WHERE limit_key = %s AND status = 0 AND run_at < %s AND id NOT IN (",
-    # The key's blocked jobs in claim order. params: key, how many
-    "blocked": (
-        "SELECT id FROM {j} WHERE limit_key = %s AND status = 6 ORDER BY priority DESC, run_at, id LIMIT %s"
-    ),
-    "unblock": "UPDATE {j} SET status = 0 WHERE status = 6 AND id IN (",
-    # Keys with blocked jobs, and how many. (A pass over blocked rows only.)
-    "blocked_keys": "SELECT limit_key, COUNT(*) FROM {j} WHERE status = 6 GROUP BY limit_key",
-    # What a key holds back: its limits as its newest waiting job carries them. params: key
-    "carried": (
-        "SELECT concurrency, rate FROM {j} WHERE limit_key = %s AND status IN (0, 6)"
-        " ORDER BY id DESC LIMIT 1"
-    ),
-}
-
 
 def _lock(cursor: Any, keys: list[str]) -> None:
-    """Lock the keys' rows by writing them (see "touch"), making those that do not exist yet."""
-    st = statements(cursor.db, "limits")
-    cursor.execute(st.touch + in_list(keys), keys)
+    """Lock the keys' rows by writing them (see "lock_keys"), making those that do not exist yet."""
+    st = sql.limits(cursor.db)
+    cursor.execute(st.lock_keys + in_list(keys), keys)
     if cursor.rowcount == len(keys):
         return
-    cursor.execute(st.existing + in_list(keys), keys)
+    cursor.execute(st.existing_keys + in_list(keys), keys)
     missing = sorted(set(keys) - {row[0] for row in cursor.fetchall()})
     if missing:
-        cursor.execute(st.ensure + ", ".join(["(%s, 1)"] * len(missing)) + st.ensure_tail, missing)
+        cursor.execute(st.add_keys + ", ".join(["(%s, 1)"] * len(missing)) + st.add_keys_tail, missing)
 
 
-def _per_key(cursor: Any, sql: str, keys: list[str], head: tuple = ()) -> dict[str, tuple]:
+def _per_key(cursor: Any, statement: str, keys: list[str], head: tuple = ()) -> dict[str, tuple]:
     """{key: the rest of its row} of a grouped statement over `keys`."""
-    st = statements(cursor.db, "limits")
-    cursor.execute(sql + in_list(keys) + st.by_key, (*head, *keys))
+    cursor.execute(statement + in_list(keys) + sql.limits(cursor.db).by_key, (*head, *keys))
     return {row[0]: row[1:] for row in cursor.fetchall()}
-
-
-def _now(cursor: Any) -> datetime:
-    cursor.execute(statements(cursor.db).now, ())
-    return db.to_datetime(cursor.fetchone()[0])
 
 
 def _room(cursor: Any, wanted: dict[str, Limits], now: datetime | None) -> dict[str, tuple[int, bool, datetime | None]]:
     """{key: (how many may start now, whether concurrency binds, when the rate's window
     next has room)}, under the keys' locks: a grouped read per kind of limit."""
-    st = statements(cursor.db, "limits")
+    st = sql.limits(cursor.db)
     room = {key: (1 << 30, False, None) for key in wanted}
     capped = sorted(key for key, limits in wanted.items() if limits.concurrency is not None)
     if capped:
-        running = _per_key(cursor, st.running, capped)
+        running = _per_key(cursor, st.running_per_key, capped)
         for key in capped:
             room[key] = (max(0, wanted[key].concurrency - running.get(key, (0,))[0]), True, None)
     periods: dict[float, list[str]] = {}
@@ -209,7 +167,7 @@ def _room(cursor: Any, wanted: dict[str, Limits], now: datetime | None) -> dict[
             periods.setdefault(limits.period, []).append(key)
     for period, keys in periods.items():
         since = db.dialect(cursor.db).stored_datetime(now - timedelta(seconds=period))
-        starts = _per_key(cursor, st.starts, sorted(keys), (since,))
+        starts = _per_key(cursor, st.starts_per_key, sorted(keys), (since,))
         for key in keys:
             count, oldest = starts.get(key, (0, None))
             left = max(0, wanted[key].starts - count)
@@ -236,8 +194,8 @@ def within_limits(cursor: Any, rows: list[tuple], key_at: Callable[[tuple], tupl
     wanted = {key: limits for key, limits in wanted.items() if limits.any}
     if not wanted:
         return rows, None
-    now = _now(cursor) if any(limits.starts is not None for limits in wanted.values()) else None
-    st = statements(cursor.db, "limits")
+    now = clock.now(cursor) if any(limits.starts is not None for limits in wanted.values()) else None
+    st = sql.limits(cursor.db)
     _lock(cursor, sorted(wanted))
     held: set[int] = set()
     soonest: float | None = None
@@ -269,7 +227,7 @@ def free_slots(cursor: Any, ended: Iterable[tuple[str, int | None, str]], using:
         return 0
     keys = sorted(limited)
     _lock(cursor, keys)
-    blocked = _per_key(cursor, statements(cursor.db, "limits").blocked_among, keys)
+    blocked = _per_key(cursor, sql.limits(cursor.db).blocked_per_key, keys)
     unblocked = 0
     for key in sorted(blocked):
         unblocked += _unblock(cursor, key, limits_for(key, *limited[key], using))
@@ -278,15 +236,15 @@ def free_slots(cursor: Any, ended: Iterable[tuple[str, int | None, str]], using:
 
 def _unblock(cursor: Any, key: str, limits: Limits) -> int:
     """Ready as many of `key`'s blocked jobs as it has room for (its row is locked)."""
-    st = statements(cursor.db, "limits")
+    st = sql.limits(cursor.db)
     if limits.concurrency is None:
         room = 1 << 30  # no concurrency limit (any more): all of them
     else:
-        running = _per_key(cursor, st.running, [key]).get(key, (0,))[0]
+        running = _per_key(cursor, st.running_per_key, [key]).get(key, (0,))[0]
         room = max(0, limits.concurrency - running)
     if not room:
         return 0
-    cursor.execute(st.blocked, (key, min(room, 1000)))
+    cursor.execute(st.next_blocked, (key, min(room, 1000)))
     ids = [row[0] for row in cursor.fetchall()]
     if ids:
         cursor.execute(st.unblock + in_list(ids), ids)
@@ -299,7 +257,7 @@ def unblock_pass(using: str) -> dict[str, int]:
     using = db.alias(using)
 
     def keys(cursor: Any, resumed: bool) -> dict[str, int]:
-        cursor.execute(statements(cursor.db, "limits").blocked_keys, ())
+        cursor.execute(sql.limits(cursor.db).blocked_keys, ())
         return dict(cursor.fetchall())
 
     blocked = db.run(keys, using)
@@ -308,7 +266,7 @@ def unblock_pass(using: str) -> dict[str, int]:
         def work(cursor: Any, resumed: bool, key: str = key) -> int:
             with db.write_transaction(using):
                 _lock(cursor, [key])
-                cursor.execute(statements(cursor.db, "limits").carried, (key,))
+                cursor.execute(sql.limits(cursor.db).limits_carried, (key,))
                 row = cursor.fetchone()
                 concurrency, rate = row if row else (None, "")
                 return _unblock(cursor, key, limits_for(key, concurrency, rate or "", using))
@@ -317,5 +275,3 @@ def unblock_pass(using: str) -> dict[str, int]:
             log.info("limits: unblocked jobs of key %s", key)
     return blocked
 
-
-register("limits", LIMITS, {"k": "leases_tasks.LimitKey", "j": "leases_tasks.Job"})

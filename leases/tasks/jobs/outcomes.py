@@ -1,0 +1,200 @@
+"""An attempt's end, written in one transaction per batch: succeeded, retried later with
+its handler's backoff, failed or dead for good, given back (no handler here), or handed
+back by a worker that stops. Each statement names the claim it ends, so a late finisher
+whose attempt was recovered and run again elsewhere writes nothing.
+
+When a job ends for good, the same transaction queues its `on_finish` follow-up (or hands
+the ending to the finisher an app registered) and frees its key's slot: an ending and
+what it sets off commit together or not at all.
+"""
+from __future__ import annotations
+
+import traceback
+from dataclasses import dataclass, replace
+from typing import Any, Iterable
+
+from leases import db
+from leases.exceptions import BadResult
+from leases.sql import in_list
+from leases.validation import clean_text
+
+from .. import registry, sql
+from ..models import PRIORITY_RANGE, Job, JobError
+from . import limits
+from .claim import ClaimedJob
+from .push import JobDefaults, new_job, write
+
+#: Seconds before a job this worker has no handler for may be claimed again.
+BOUNCE_DELAY = 10.0
+#: Attempts of an on_finish job whose handler this process does not know.
+FOLLOW_UP_ATTEMPTS = 100
+#: Bounds of what one failed attempt stores, in characters (the class path's column
+#: holds 255); the middle of a longer text is cut, the end of a traceback kept.
+CLASS_PATH_LIMIT = 255
+MESSAGE_LIMIT = 10_000
+TRACEBACK_LIMIT = 50_000
+
+
+def describe(exc: BaseException) -> tuple[str, str, str]:
+    """(class path, message, traceback) of `exc`, storable as they are: lone surrogates
+    escaped, each cut to its limit. Never raises, whatever the exception's __str__ does."""
+    cls = type(exc)
+    try:
+        message = str(exc)
+    except Exception:  # noqa: BLE001 - a broken __str__ is the handler's bug, not ours
+        message = f"<{cls.__name__}.__str__ failed>"
+    trace = "".join(traceback.format_exception(exc))
+    return (
+        clean_text(f"{cls.__module__}.{cls.__qualname__}", CLASS_PATH_LIMIT),
+        clean_text(message, MESSAGE_LIMIT),
+        clean_text(trace, TRACEBACK_LIMIT),
+    )
+
+
+@dataclass
+class Outcome:
+    job: ClaimedJob
+    ok: bool
+    result: str = "null"
+    error: tuple[str, str, str] | None = None
+    #: False for Fail, BadResult and a job no handler can run: no retry.
+    retryable: bool = True
+    #: Seconds before the next attempt (from the handler's backoff).
+    delay: float = 0.0
+    #: No handler here: back to the queue for a worker that has one (no try used).
+    bounce: bool = False
+    #: Seconds the attempt ran (for the log).
+    seconds: float = 0.0
+
+    def refused(self, exc: BaseException) -> Outcome:
+        """What to write instead when the database refused this outcome: a failure whose
+        error says so (a result refused fails for good, as a handler's rerun repeats work)."""
+        error = describe(BadResult(f"the database refused this attempt's outcome: {describe(exc)[1][:1000]}"))
+        if self.ok:
+            return replace(self, ok=False, error=error, retryable=False, bounce=False)
+        return replace(self, error=error, bounce=False)
+
+
+def failed(job: ClaimedJob, exc: BaseException, retryable: bool, delay: float = 0.0) -> Outcome:
+    return Outcome(job, ok=False, error=describe(exc), retryable=retryable, delay=delay)
+
+
+def _pairs(count: int) -> str:
+    return " OR ".join(["(id = %s AND claims = %s)"] * count) + ")"
+
+
+def write_outcomes(outcomes: list[Outcome], worker: str, grace: float, using: str) -> dict[int, str]:
+    """Write outcomes in one transaction; each only if its claim is still running.
+
+    Returns what was written of each failure, by job id: "retry", "dead", "failed",
+    "bounced", "unhandled", or "" when its claim had been taken from it.
+    """
+    wins: dict[str, list[Outcome]] = {}
+    followed = []  # succeeded jobs with an on_finish: written one by one, to know which ended
+    losses = []
+    for outcome in outcomes:
+        if outcome.ok and outcome.job.on_finish:
+            followed.append(outcome)
+        elif outcome.ok:
+            wins.setdefault(outcome.result, []).append(outcome)
+        else:
+            losses.append(outcome)
+    written: dict[int, str] = {}
+
+    def work(cursor: Any, resumed: bool) -> None:
+        written.clear()
+        st = sql.jobs(cursor.db)
+        ended: list[tuple[int, str, str]] = []
+        with db.write_transaction(using):
+            for result, group in wins.items():
+                cursor.execute(st.succeed + _pairs(len(group)),
+                               [result, *(value for o in group for value in (o.job.id, o.job.claims))])
+            for outcome in followed:
+                job = outcome.job
+                cursor.execute(st.succeed + _pairs(1), (outcome.result, job.id, job.claims))
+                if cursor.rowcount == 1:
+                    ended.append((job.id, job.queue, job.on_finish))
+            for outcome in losses:
+                what = _write_failure(cursor, outcome, worker, grace)
+                written[outcome.job.id] = what
+                if what in ("dead", "failed", "unhandled"):
+                    ended.append((outcome.job.id, outcome.job.queue, outcome.job.on_finish))
+            follow_ups(cursor, ended)
+            limits.free_slots(cursor, [o.job.limits for o in outcomes if o.job.limit_key], using)
+
+    db.run(work, using)
+    return written
+
+
+def _write_failure(cursor: Any, outcome: Outcome, worker: str, grace: float) -> str:
+    """Write one failed attempt and its error; what became of it (see write_outcomes)."""
+    st, seconds = sql.jobs(cursor.db), db.dialect(cursor.db).seconds
+    job = outcome.job
+    fence = (job.id, job.claims)
+    if outcome.bounce:
+        cursor.execute(st.fail_unhandled, (*fence, seconds(-grace)))
+        if cursor.rowcount != 1:
+            cursor.execute(st.give_back_unhandled, (seconds(BOUNCE_DELAY), *fence))
+            return "bounced" if cursor.rowcount == 1 else ""
+        what = "unhandled"
+    elif outcome.retryable and job.attempt < job.max_attempts:
+        cursor.execute(st.retry_later, (seconds(outcome.delay), *fence))
+        what = "retry"
+    else:
+        cursor.execute(st.end_unsuccessful, (Job.DEAD if outcome.retryable else Job.FAILED, *fence))
+        what = "dead" if outcome.retryable else "failed"
+    if cursor.rowcount != 1:  # a fenced-out attempt records nothing
+        return ""
+    cursor.execute(st.record_error, (job.id, job.attempt, *outcome.error, worker))
+    return what
+
+
+def hand_back(worker: str, keep: list[int], using: str) -> int:
+    """Put every attempt still running under `worker` back to ready, without using up a
+    try (the unfinished ones, and any whose claim reply was lost), but those of `keep`
+    (finished, their outcomes not yet written: never run twice). Returns how many."""
+    params: list = [worker, *keep]
+    rest = " AND id NOT IN (" + in_list(keep) if keep else ""
+
+    def work(cursor: Any, resumed: bool) -> int:
+        st = sql.jobs(cursor.db)
+        with db.write_transaction(using):
+            cursor.execute(st.hand_back_keys + rest, params)  # whose slots come free
+            keys = cursor.fetchall()
+            cursor.execute(st.hand_back + rest, params)
+            count = cursor.rowcount
+            limits.free_slots(cursor, keys, using)
+        return count
+
+    return db.run(work, using)
+
+
+def follow_ups(cursor: Any, ended: Iterable[tuple[int, str, str]]) -> None:
+    """Queue the on_finish job of each (id, queue, on_finish) that just ended for good, in
+    the caller's transaction, so the ending and its notice commit together: on the ended
+    job's queue (which a worker serves), ahead of ordinary work, once per ending (its key
+    merges a second one). Endings whose on_finish has a finisher go to it, a batch at a time."""
+    batches: dict[str, list[tuple[int, str]]] = {}
+    jobs = []
+    for job_id, queue, on_finish in ended:
+        if not on_finish:
+            continue
+        if registry.finisher(on_finish) is not None:
+            batches.setdefault(on_finish, []).append((job_id, queue))
+            continue
+        jobs.append(new_job(on_finish, {"job": job_id}, queue=queue, key=f"{on_finish}:{job_id}",
+                            priority=PRIORITY_RANGE[1], settings=registry.find(on_finish) or JobDefaults(queue, FOLLOW_UP_ATTEMPTS)))
+    if jobs:
+        write(cursor, jobs)
+    for on_finish, batch in batches.items():
+        registry.finisher(on_finish)(cursor, batch)
+
+
+def last_errors(job_ids: Iterable[int], using: str) -> dict[int, str]:
+    """{job id: "Exception: message"} of each job's newest failed attempt, as a run's or a
+    task's error shows it."""
+    errors = JobError.objects.using(using).filter(job_id__in=list(job_ids)).order_by("job_id", "-attempt", "-id")
+    last: dict[int, str] = {}
+    for job_id, exception, message in errors.values_list("job_id", "exception", "message"):
+        last.setdefault(job_id, f"{exception.rsplit('.', 1)[-1]}: {message}"[:10000])
+    return last

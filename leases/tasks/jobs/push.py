@@ -1,0 +1,437 @@
+"""Push: the only maker of job rows.
+
+Whoever enqueues (`push`, a pipeline's stage, a schedule's tick, the Django Tasks
+backend, the follow-up of a job that ended), the job is made by `new_job`, from the
+settings of its handler (queue, attempts, limits; backoff and timeout are read from the
+handler when it runs), and written by `write`, so a handler's settings apply whoever
+enqueues it. A push is one upsert: a job whose key (default: a hash of name and payload)
+is already waiting is not queued twice; it only takes the new run time (the seed's
+reschedule). The run time is the server clock plus the delay, computed in the statement.
+A push inside a transaction is seen by workers when it commits.
+"""
+from __future__ import annotations
+
+import atexit
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Callable, Iterable, Protocol, Sequence
+
+from django.db import connections
+
+from leases import db, routing
+from leases.encoding import load_json
+from leases.sql import in_list
+from leases.validation import check_attempts, check_moment, check_queue, check_seconds
+
+from .. import registry, sql
+from ..models import Job
+from . import limits, queues
+from .payload import check_key, check_priority, default_key, dump_payload
+
+log = logging.getLogger("leases.tasks")
+
+#: Jobs per INSERT statement in push_many ...
+BATCH = 1000
+#: ... and at most this many characters of payload per statement (at most 4 bytes each),
+#: well under MySQL's default max_allowed_packet of 16 MiB.
+BATCH_CHARS = 2 << 20
+
+
+class JobSettings(Protocol):
+    """What a job takes from its handler when it is made: a `Handler`, or the settings a
+    Django Tasks backend makes of its OPTIONS."""
+
+    queue: str
+    max_attempts: int
+    limit_key: Any
+    concurrency: int | None
+    rate: str
+
+
+@dataclass(frozen=True)
+class JobDefaults:
+    """Settings for a job whose handler this process does not know (a follow-up, a
+    scheduled job fired by a worker deployed without it): the worker that has the
+    handler runs it."""
+
+    queue: str = "default"
+    max_attempts: int = 1
+    limit_key: Any = None
+    concurrency: int | None = None
+    rate: str = ""
+
+
+@dataclass(frozen=True)
+class NewJob:
+    """A validated job, ready to be written: `delay` seconds from now, or at `run_at`."""
+
+    queue: str
+    name: str
+    payload: str
+    key: str
+    priority: int
+    max_attempts: int
+    delay: float = 0.0
+    run_at: datetime | None = None
+    #: '' for a handler's job; else what runs it: a TASKS alias, or an app's runner.
+    backend: str = ""
+    #: Handler of the job queued when this one ends for good (see Job.on_finish).
+    on_finish: str = ""
+    #: The key its limits count by, and those limits (see leases.tasks.jobs.limits).
+    limit_key: str = ""
+    concurrency: int | None = None
+    rate: str = ""
+
+    def params(self, connection: Any) -> list:
+        head = [self.queue, self.name, self.backend, self.on_finish, self.payload, self.key, self.key, self.priority]
+        head += [self.limit_key, self.concurrency, self.rate, self.max_attempts]
+        if self.run_at is not None:
+            return head + [db.dialect(connection).stored_datetime(self.run_at)]
+        return head + [db.dialect(connection).seconds(self.delay)]
+
+
+def new_job(
+    name: str,
+    payload: Any = None,
+    *,
+    delay: float | timedelta = 0,
+    run_at: datetime | None = None,
+    queue: str | None = None,
+    priority: int = 0,
+    key: str | None = None,
+    max_attempts: int | None = None,
+    limit_key: str | None = None,
+    concurrency: int | None = None,
+    rate: str | None = None,
+    settings: JobSettings | None = None,
+    backend: str = "",
+    on_finish: str = "",
+    handler_payload: Callable[[], Any] | None = None,
+) -> NewJob:
+    """The job `name` with `payload`, from its handler's `settings` (the registered handler
+    of `name` unless given) and the options that override them; ValueError or
+    UnknownHandler before anything is written.
+
+    `handler_payload` makes what the handler will receive when that is not the payload
+    stored (a pipeline task's: its item and its run's context): a `limit_key` that is a
+    function of the payload is computed from it.
+    """
+    settings = registry.get(name) if settings is None else settings
+    text = dump_payload(payload)
+    delay = check_seconds(delay, "delay")
+    if run_at is not None:
+        if delay:
+            raise ValueError("give delay or run_at, not both")
+        run_at = check_moment(run_at, "run_at")
+    key_of = limit_key if limit_key is not None else settings.limit_key
+    if callable(key_of) and handler_payload is not None:
+        payload = handler_payload()
+    return NewJob(
+        queue=settings.queue if queue is None else check_queue(queue),
+        name=name,
+        payload=text,
+        key=default_key(name, text) if key is None else check_key(key),
+        priority=check_priority(priority),
+        max_attempts=settings.max_attempts if max_attempts is None else check_attempts(max_attempts),
+        delay=delay,
+        run_at=run_at,
+        backend=backend,
+        on_finish=on_finish,
+        limit_key=limits.key_of(key_of, payload),
+        concurrency=settings.concurrency if concurrency is None else limits.check_concurrency(concurrency),
+        rate=settings.rate if rate is None else limits.check_rate(rate),
+    )
+
+
+# -- writing ----------------------------------------------------------------------------
+
+
+def write(cursor: Any, jobs: Sequence[NewJob]) -> None:
+    """Write `jobs` with one upsert on the caller's cursor, in its transaction."""
+    st = sql.jobs(cursor.db)
+    params: list = []
+    rows = []
+    for job in jobs:
+        rows.append(st.values_at if job.run_at is not None else st.values_after)
+        params += job.params(cursor.db)
+    cursor.execute(st.insert + ", ".join(rows) + st.merge_waiting, params)
+
+
+def ids_by_key(cursor: Any, jobs: Sequence[NewJob]) -> dict[str, int]:
+    """{key: id} of jobs just written in the caller's transaction (a job whose key merged
+    into a waiting one: that one's id)."""
+    keys = [job.key for job in jobs]
+    cursor.execute(sql.jobs(cursor.db).ids_by_key + in_list(keys), keys)
+    return dict(cursor.fetchall())
+
+
+def insert(jobs: Sequence[NewJob], using: str | None = None, fetch_key: str | None = None) -> tuple | None:
+    """Write `jobs` with one upsert; with `fetch_key`, return that job's row in the same
+    transaction (so no worker can claim it in between and hide it).
+
+    If the connection died under an earlier try, the push may have committed: a job
+    waiting under `fetch_key` is then taken as it is rather than pushed a second time.
+    """
+
+    def work(cursor: Any, resumed: bool) -> tuple | None:
+        st = sql.jobs(cursor.db)
+        with db.write_transaction(cursor.db.alias):
+            if resumed and fetch_key is not None:
+                cursor.execute(st.waiting_by_key, (fetch_key,))
+                if row := cursor.fetchone():
+                    return row
+            write(cursor, jobs)
+            if fetch_key is None:
+                return None
+            cursor.execute(st.waiting_by_key, (fetch_key,))
+            return cursor.fetchone()
+
+    return db.run(work, using)
+
+
+def reschedule(job: NewJob, using: str | None = None) -> bool:
+    """Move the waiting job with this key to the new run time; False if none waits."""
+
+    def work(cursor: Any, resumed: bool) -> bool:
+        st = sql.jobs(cursor.db)
+        if job.run_at is not None:
+            when, statement = db.dialect(cursor.db).stored_datetime(job.run_at), st.move_waiting_at
+        else:
+            when, statement = db.dialect(cursor.db).seconds(job.delay), st.move_waiting_after
+        cursor.execute(statement, (when, job.priority, job.key))
+        return cursor.rowcount > 0
+
+    return db.run(work, using)
+
+
+def _as_job(pushed: NewJob, row: tuple, using: str) -> Job:
+    """The Job as the database holds it after the push, which may be an older waiting job
+    of the same key: then `merged` is true, and a warning says if its work differs."""
+    pk, queue, name, backend, payload, key, priority, run_at, status, attempt, max_attempts, enqueued_at, pushes = row
+    obj = Job(
+        pk=pk, queue=queue, name=name, backend=backend, payload=load_json(payload), key=key, pending_key=key,
+        priority=priority, run_at=db.to_datetime(run_at), status=status, attempt=attempt, max_attempts=max_attempts,
+        enqueued_at=db.to_datetime(enqueued_at), pushes=pushes,
+    )
+    obj._state.adding = False
+    obj._state.db = using
+    obj.merged = pushes > 1
+    if obj.merged and (name, backend, obj.payload) != (pushed.name, pushed.backend, load_json(pushed.payload)):
+        log.warning(
+            "push of %s with key %r merged into waiting job %s #%d, which keeps its own name and payload",
+            pushed.name, key, name, pk,
+        )
+    return obj
+
+
+def submit(job: NewJob, using: str | None = None) -> Job | None:
+    """Write one job under its queue's bound: the Job as stored (a new one, or the waiting
+    one its key merged into), or None if the job was buffered. It goes to `using`, else
+    to the database its queue is routed to."""
+    using = routing.route("queues", job.queue, using)
+    queue = queues.queue_settings(job.queue, using)
+    if not queues.has_room(queue, 1, using) and not reschedule(job, using):
+        if not queues.make_room(queue, 1, using):
+            _buffer.add(queue, [job], using, 1)
+            return None
+    row = insert([job], using, fetch_key=job.key)
+    return _as_job(job, row, using)
+
+
+def _batches(jobs: Sequence[NewJob]) -> Iterable[Sequence[NewJob]]:
+    """Runs of at most BATCH jobs and BATCH_CHARS of payload: one statement each."""
+    start, size = 0, 0
+    for index, job in enumerate(jobs):
+        size += len(job.payload)
+        if index - start == BATCH or (size > BATCH_CHARS and index > start):
+            yield jobs[start:index]
+            start, size = index, len(job.payload)
+    if start < len(jobs):
+        yield jobs[start:]
+
+
+def submit_many(jobs: Sequence[NewJob], using: str | None = None) -> int:
+    """Write jobs, a batch per statement; each queue's bound is checked per batch.
+
+    Every queue is looked up before the first batch, so an unknown one writes nothing.
+    Jobs go to `using`, else each to the database its queue is routed to.
+    """
+    groups: dict[str, list[NewJob]] = {}
+    for job in jobs:
+        groups.setdefault(routing.route("queues", job.queue, using), []).append(job)
+    for alias, group in groups.items():
+        for name in sorted({job.queue for job in group}):
+            queues.queue_settings(name, alias)
+    return sum(_submit_batches(group, alias) for alias, group in groups.items())
+
+
+def _submit_batches(jobs: Sequence[NewJob], using: str) -> int:
+    written = 0
+    for batch in _batches(jobs):
+        by_queue: dict[str, int] = {}
+        for job in batch:
+            by_queue[job.queue] = by_queue.get(job.queue, 0) + 1
+        buffered = False
+        for name, count in by_queue.items():
+            queue = queues.queue_settings(name, using)
+            if not queues.has_room(queue, count, using) and not queues.make_room(queue, count, using):
+                _buffer.add(queue, batch, using, count)
+                buffered = True
+        if buffered:
+            continue
+        insert(batch, using)
+        written += len(batch)
+    return written
+
+
+# -- the buffer of jobs a full queue refused ----------------------------------------------
+
+
+class _Buffer:
+    """The seed's buffer queue: jobs a full queue refused, kept in this process.
+
+    A daemon thread retries them as room appears and drops (with an error in the log)
+    what is still here after the queue's full_timeout. They live in memory only: a job
+    buffered when the process exits is lost, which `atexit` reports.
+    """
+
+    def __init__(self) -> None:
+        self._items: deque[tuple[float, queues.QueueSettings, Sequence[NewJob], str, int]] = deque()
+        self._lock = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self.dropped = 0
+
+    def add(self, queue: queues.QueueSettings, jobs: Sequence[NewJob], using: str, count: int) -> None:
+        with self._lock:
+            self._items.append((time.monotonic() + queue.full_timeout, queue, list(jobs), using, count))
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="leases-push-buffer", daemon=True)
+                self._thread.start()
+            self._lock.notify_all()
+        log.warning("queue %s is full: %d job(s) buffered in this process", queue.name, len(jobs))
+
+    def __len__(self) -> int:
+        with self._lock:
+            return sum(len(item[2]) for item in self._items)
+
+    def wait_empty(self, timeout: float) -> bool:
+        """Block until the buffer is empty (written or dropped); False on timeout."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            while self._items:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._lock.wait(left)
+        return True
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._lock:
+                    if not self._items:
+                        return
+                    item = self._items[0]
+                if not self._try(item):
+                    time.sleep(0.2)
+        finally:
+            connections.close_all()
+
+    def _try(self, item: tuple) -> bool:
+        deadline, queue, jobs, using, count = item
+        try:
+            room = queues.has_room(queues.queue_settings(queue.name, using), count, using)
+            if room:
+                insert(jobs, using)
+        except Exception:
+            log.exception("buffered push to queue %s failed; will retry", queue.name)
+            room = False
+        if not room and time.monotonic() < deadline:
+            return False
+        if not room:
+            self.dropped += len(jobs)
+            log.error(
+                "dropped %d buffered job(s) of queue %s: still full after %.0fs (first: %s)",
+                len(jobs), queue.name, queue.full_timeout, jobs[0].name,
+            )
+        with self._lock:
+            self._items.popleft()
+            self._lock.notify_all()
+        return True
+
+
+_buffer = _Buffer()
+
+
+@atexit.register
+def _report_buffer() -> None:
+    left = len(_buffer)
+    if left:
+        log.error("exiting with %d buffered job(s) not pushed", left)
+
+
+def buffered() -> int:
+    """Jobs this process holds because their queue was full."""
+    return len(_buffer)
+
+
+def flush_buffer(timeout: float = 30.0) -> bool:
+    """Wait until every buffered job is pushed or dropped; False if some remain."""
+    return _buffer.wait_empty(timeout)
+
+
+# -- the public API ---------------------------------------------------------------------
+
+
+def push(
+    name: str,
+    payload: Any = None,
+    *,
+    delay: float | timedelta = 0,
+    run_at: datetime | None = None,
+    queue: str | None = None,
+    priority: int = 0,
+    key: str | None = None,
+    max_attempts: int | None = None,
+    limit_key: str | None = None,
+    concurrency: int | None = None,
+    rate: str | None = None,
+    using: str | None = None,
+) -> Job | None:
+    """Queue a job for the handler `name`, to run `delay` seconds from now (server clock).
+
+    Returns the waiting Job as the database holds it: a new one, or the one already
+    waiting with the same key, moved to the new run time and priority (`job.merged` is
+    then true; if that job has another name or payload, it keeps them and a warning is
+    logged). When the queue is full its `when_full` policy applies: QueueFull, a wait,
+    or (buffer) None while the job waits in this process. `limit_key`, `concurrency`
+    and `rate` override the handler's (see leases.tasks.jobs.limits).
+    """
+    job = new_job(
+        name, payload, delay=delay, run_at=run_at, queue=queue, priority=priority, key=key,
+        max_attempts=max_attempts, limit_key=limit_key, concurrency=concurrency, rate=rate,
+    )
+    return submit(job, using)
+
+
+def push_many(
+    items: Iterable[tuple[str, Any] | tuple[str, Any, dict]],
+    using: str | None = None,
+) -> int:
+    """Queue many jobs, one INSERT per BATCH: items are (name, payload) or (name, payload,
+    options) with push()'s keyword options. Every item is validated before any is written.
+    Returns the number of jobs written (new or rescheduled); buffered ones are not counted.
+    """
+    jobs = []
+    for index, item in enumerate(items):
+        try:
+            name, payload, *rest = item
+            options = rest[0] if rest else {}
+            jobs.append(new_job(name, payload, **options))
+        except (TypeError, ValueError, LookupError) as exc:
+            raise type(exc)(f"item {index}: {exc}") from None
+    return submit_many(jobs, using)

@@ -1,0 +1,28 @@
+"""State of leases.tasks, one module per concept; behaviour lives in the plain modules.
+
+- `dispatch`: the dispatcher's pools, tasks and workers (`leases.tasks.dispatcher`)
+- `jobs`: queues, jobs and their errors (`leases.tasks.jobs`)
+- `workers`: the rows of running `leases_worker` processes (`leases.tasks.jobs.recovery`)
+- `schedules`: schedules and their runs (`leases.tasks.schedules`)
+- `limits`: operators' key rules and the limited keys (`leases.tasks.jobs.limits`)
+"""
+from .dispatch import NAME_LENGTH, VALUE_LENGTH, WORKER_LENGTH, DispatchWorker, PoolTask, TaskPool, TaskState
+from .jobs import (
+    JOB_NAME_LENGTH,
+    KEY_LENGTH,
+    PRIORITY_RANGE,
+    Job,
+    JobError,
+    JobStatus,
+    JobStatusField,
+    Queue,
+)
+from .limits import LimitKey, LimitRule
+from .schedules import RunStatus, Schedule, ScheduleRun
+from .workers import Worker
+
+__all__ = [
+    "JOB_NAME_LENGTH", "KEY_LENGTH", "NAME_LENGTH", "PRIORITY_RANGE", "VALUE_LENGTH", "WORKER_LENGTH",
+    "DispatchWorker", "Job", "JobError", "JobStatus", "JobStatusField", "LimitKey", "LimitRule", "PoolTask",
+    "Queue", "RunStatus", "Schedule", "ScheduleRun", "TaskPool", "TaskState", "Worker",
+]

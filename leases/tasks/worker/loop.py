@@ -1,0 +1,485 @@
+"""The worker behind `manage.py leases_worker`: a process loop of timed duties, and no SQL.
+
+One main thread talks to the database, through the stages of `leases.tasks.jobs`;
+`concurrency` threads run handlers (`threads`). The main thread claims only as many jobs
+as there are free threads (the seed's control tokens) and writes the outcomes of finished
+jobs in one transaction per turn. Between claims it does its duties on their timers: the
+heartbeat (its row's lease and its jobs'), recovery of other workers' lapsed jobs, trims
+of finished runs, and, if it leads, the scheduler's passes.
+
+An outcome the database refuses fails its job with that error instead of blocking the
+others; during an outage outcomes wait, and the heartbeat keeps their jobs ours.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import queue as stdqueue
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterable, TypeVar
+
+from django.core.exceptions import ImproperlyConfigured
+from django.db import Error
+
+from leases import conf, db, routing
+from leases.exceptions import LeaseLost, UnknownHandler
+from leases.validation import check_seconds
+
+from .. import registry
+from ..jobs import claim as claims
+from ..jobs import history, limits, outcomes, recovery
+from ..jobs.claim import ClaimedJob
+from ..jobs.outcomes import Outcome, describe, failed
+from ..jobs.queues import SETTINGS_TTL, all_queues
+from ..schedules.leader import Scheduler
+from . import report
+from .report import BURST_RETRY_WAIT, Stats
+from .threads import Threads, handler_for
+
+log = logging.getLogger("leases.tasks.worker")
+
+T = TypeVar("T")
+
+#: Seconds between recoveries of lapsed jobs (the ttl bounds how stale they can be).
+RECOVER_EVERY = 5.0
+#: Seconds between trims of keys' old runs.
+TRIM_EVERY = 10.0
+#: Seconds between two log lines naming the keys held at their limit.
+LIMIT_LOG_EVERY = 30.0
+#: Shortest worker ttl: the heartbeat runs between claims and outcome writes, and one
+#: slow commit must not let a running job's lease lapse.
+MIN_TTL = 1.0
+
+
+@dataclass
+class Duty:
+    """Something the loop does every `every` seconds, due first at `due`."""
+
+    call: Callable[[], object]
+    every: float
+    due: float = 0.0
+    #: Whether it goes on while the worker stops (the heartbeat must; claiming more must not).
+    while_stopping: bool = True
+
+    def run_if_due(self, now: float, stopping: bool) -> None:
+        if now >= self.due and (self.while_stopping or not stopping):
+            self.call()
+            self.due = now + self.every  # not moved when the call raised: tried again next turn
+
+
+class JobWorker:
+    """A worker: `run()` until stopped, out of work (`burst`) or `max_jobs` done.
+
+    `queues` is a list of names or ["*"] for all. `stop()` (SIGTERM) stops claiming and
+    lets running jobs finish for up to `grace` seconds, then hands the rest back to ready.
+    A worker serves one database: `using`, else the one its queues are routed to (`*`:
+    LEASES_DATABASE); `manage.py leases_worker` runs one per database its queues need.
+    """
+
+    def __init__(
+        self,
+        queues: Iterable[str] = ("default",),
+        concurrency: int = 4,
+        poll: float = 0.05,
+        ttl: float = 30.0,
+        burst: bool = False,
+        max_jobs: int | None = None,
+        grace: float = 25.0,
+        using: str | None = None,
+        schedule: bool = False,
+    ) -> None:
+        self.queues = list(queues)
+        self.all_queues = self.queues == ["*"]
+        self.concurrency = concurrency
+        self.poll = poll
+        self.ttl = check_seconds(ttl, "ttl", minimum=MIN_TTL)
+        self.burst = burst
+        self.max_jobs = max_jobs
+        self.grace = grace
+        self.using = database_of(self.queues, using)
+        self.handler_grace = conf.handler_grace()
+        self.stats = Stats()
+        self.running: dict[int, ClaimedJob] = {}
+        self.hold: recovery.WorkerHold | None = None
+        # A Queue, not a SimpleQueue: on CPython 3.11 a signal (SIGTERM) that lands near
+        # the end of SimpleQueue.get(timeout=...) leaves it waiting forever.
+        self._done: stdqueue.Queue = stdqueue.Queue()
+        self._stop_at: float | None = None
+        self._stop_requests = 0
+        self._active: tuple[float, list[str]] = (0.0, [])
+        self._finished_keys: set[str] = set()
+        #: Outcomes not written yet (the database failed): their jobs stay ours.
+        self._pending: list[Outcome] = []
+        #: A claim failed after it may have committed: look up what we hold first.
+        self._claim_unsure = False
+        #: When a --burst worker may leave: its own retries due soon have run by then.
+        self._retries_until = 0.0
+        self._next_limit_log = 0.0
+        #: Takes part in leading the scheduler (leases_worker does unless --no-schedule).
+        self.schedule = schedule
+        self.scheduler: Scheduler | None = None
+
+    @property
+    def name(self) -> str:
+        return self.hold.holder if self.hold else ""
+
+    # -- life cycle ---------------------------------------------------------------------
+
+    def register(self) -> recovery.WorkerHold:
+        """Insert this process's row and hold it as a lease."""
+        self.hold = recovery.register_worker(self.queues, self.concurrency, self.ttl, self.using)
+        log.info("worker %s started: queues %s, concurrency %d", self.name, ",".join(self.queues), self.concurrency)
+        return self.hold
+
+    def when_up(self, call: Callable[[], T]) -> T | None:
+        """`call()`, waiting out a database outage (saying so now and then); None if the
+        worker was told to stop meanwhile. A worker started during an outage waits for the
+        database rather than exiting, as one already running does."""
+        started = said = time.monotonic()
+        while True:
+            try:
+                return call()
+            except Error as exc:
+                if not db.transient(exc):
+                    raise
+                if self.stopping:
+                    return None
+                if time.monotonic() - said >= 30 or said == started:
+                    said = time.monotonic()
+                    log.warning("worker: database unavailable for %.0fs, waiting to start: %s", said - started, exc)
+                time.sleep(2.0)
+
+    def stop(self) -> None:
+        """First call: finish gracefully. Second call: exit at once (jobs are recovered later)."""
+        self._stop_requests += 1
+        if self._stop_requests > 1:
+            log.warning("worker %s: second stop request, exiting now", self.name)
+            os._exit(1)
+        self._stop_at = time.monotonic() + self.grace
+        log.info("worker %s stopping: %d running, grace %.0fs", self.name, len(self.running), self.grace)
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop_at is not None
+
+    def _duties(self) -> list[Duty]:
+        """What the loop does on timers, besides claiming and writing outcomes."""
+        now = time.monotonic()
+        duties = [
+            Duty(self.heartbeat, self.ttl / 3, due=now + self.ttl / 3),
+            Duty(self.recover, min(RECOVER_EVERY, self.ttl / 2), while_stopping=False),
+            Duty(self.trim, TRIM_EVERY, due=now + TRIM_EVERY),
+        ]
+        if self.schedule:
+            self.scheduler = Scheduler(self.name, self.ttl, self.using)
+            duties.append(Duty(self.scheduler.step, 0.0, while_stopping=False))  # it keeps its own pace
+        return duties
+
+    def run(self) -> Stats:
+        if self.hold is None and self.when_up(self.register) is None:
+            return self.stats
+        threads = Threads(self.concurrency, self._done)
+        duties = self._duties()
+        try:
+            while True:
+                try:
+                    if self._turn(threads, duties):
+                        break
+                except Error as exc:
+                    # Outcomes not yet written stay pending, and the heartbeat keeps their
+                    # jobs ours once it gets through. Beyond the ttl they are recovered.
+                    log.error("worker %s: database error, retrying in 1s: %s", self.name, exc)
+                    if self.stopping and time.monotonic() >= self._stop_at:
+                        log.error("worker %s: grace over with the database failing; its jobs lapse"
+                                  " and other workers recover them", self.name)
+                        break
+                    time.sleep(1.0)
+            self._leave()
+        finally:
+            self._shutdown(threads)
+        return self.stats
+
+    def _turn(self, threads: Threads, duties: list[Duty]) -> bool:
+        """One turn of the loop: duties due, claims, timeouts, outcomes, then a wait for
+        outcomes. True when the worker should exit."""
+        now = time.monotonic()
+        for duty in duties:
+            duty.run_if_due(now, self.stopping)
+        claimed = self._claim_free(threads)
+        timed_out = self._expire_timeouts(threads)
+        written = self._collect(wait=0)
+        self._flush(written)
+        if self._should_exit(claimed + timed_out + len(written)):
+            return True
+        self._flush(self._collect(wait=self._wait_time()))
+        return False
+
+    def _leave(self) -> None:
+        """On the way out: write what finished, hand back the rest, trim; best effort, as
+        what is left lapses and is recovered by other workers."""
+        try:
+            self._flush([])
+            if self.running or self._claim_unsure:
+                self.hand_back()
+            self.trim()
+        except Error as exc:
+            log.error("worker %s: could not hand back its jobs (%s); they are recovered when their"
+                      " leases lapse", self.name, exc)
+
+    def _should_exit(self, busy: int) -> bool:
+        """`busy`: jobs claimed or finished in this turn (burst mode goes on while any)."""
+        if self.stopping:
+            if not self.running:
+                return True
+            return time.monotonic() >= self._stop_at
+        if self._max_reached() and not self.running:
+            return True
+        if not self.burst or busy or self.running or self._pending:
+            return False
+        return time.monotonic() >= self._retries_until
+
+    def _wait_time(self) -> float:
+        wait = self.poll
+        if self.concurrency - len(self.running) <= 0 or self.stopping or self._max_reached():
+            wait = max(self.poll, 0.5)  # nothing to claim: wake for outcomes, beats, deadlines
+        deadlines = [job.deadline for job in self.running.values() if job.deadline is not None]
+        if deadlines:
+            wait = min(wait, max(0.0, min(deadlines) - time.monotonic()))
+        if self._stop_at is not None:
+            wait = min(wait, max(0.0, self._stop_at - time.monotonic()))
+        return wait
+
+    def _max_reached(self) -> bool:
+        return self.max_jobs is not None and self.stats.claimed >= self.max_jobs
+
+    def _shutdown(self, threads: Threads) -> None:
+        threads.stop()
+        if self.scheduler is not None:
+            self.scheduler.stop()
+        if self.hold is not None and not self.hold.lost:
+            try:
+                self.hold.release()
+            except Exception:  # noqa: BLE001 - the row lapses on its own
+                log.warning("worker %s: could not release its row", self.name, exc_info=True)
+        report.stopped(self.name, self.stats)
+
+    # -- claiming -----------------------------------------------------------------------
+
+    def active_queues(self) -> list[str]:
+        """The queues to claim from now: not paused; for "*", every known queue."""
+        now = time.monotonic()
+        if self._active[0] > now:
+            return self._active[1]
+        rows = all_queues(self.using)
+        if self.all_queues:
+            names = set(rows) | {spec.queue for spec in registry.registered().values()}
+        else:
+            names = set(self.queues)
+        active = sorted(name for name in names if not (name in rows and rows[name].paused))
+        self._active = (now + SETTINGS_TTL, active)
+        return active
+
+    def _claim_free(self, threads: Threads) -> int:
+        """Claim as many jobs as threads are free and hand them to the threads."""
+        if self.stopping:
+            return 0
+        free = self.concurrency - len(self.running)
+        if self.max_jobs is not None:
+            free = min(free, self.max_jobs - self.stats.claimed)
+        if free <= 0:
+            return 0
+        jobs = self.claim(free)
+        now = time.monotonic()
+        for job in jobs:
+            try:
+                job.handler = handler_for(job)
+            except (UnknownHandler, ImportError, ImproperlyConfigured) as exc:
+                # Not deployed here (yet): back to the queue for a worker that has it.
+                self._pending.append(Outcome(job, ok=False, error=describe(exc), bounce=True))
+                continue
+            except Exception:  # noqa: BLE001 - execute() fails the attempt with this error
+                pass
+            self.running[job.id] = job
+            timeout = getattr(job.handler, "timeout", None)
+            job.deadline = now + timeout if timeout else None
+            threads.submit(job)
+        return len(jobs)
+
+    def claim(self, limit: int) -> list[ClaimedJob]:
+        """Claim up to `limit` due jobs, highest priority first, then oldest run time; after
+        a claim whose outcome is unknown (the connection died, maybe after COMMIT), first
+        take back what runs under this worker's name and is not known here."""
+        active = self.active_queues()
+        if not active and not self._claim_unsure:
+            return []
+        known = frozenset(self.running) | {outcome.job.id for outcome in self._pending}
+        unsure = self._claim_unsure
+        self._claim_unsure = True
+        jobs, delayed = claims.claim(self.name, active, limit, self.ttl, self.using, unsure, known)
+        self._claim_unsure = False
+        if delayed is not None and delayed <= BURST_RETRY_WAIT:  # --burst waits for them
+            self._retries_until = max(self._retries_until, time.monotonic() + delayed + 1.0)
+        self.stats.claims += 1
+        self.stats.claimed += len(jobs)
+        return jobs
+
+    # -- outcomes -----------------------------------------------------------------------
+
+    def _collect(self, wait: float) -> list[Outcome]:
+        found = []
+        try:
+            item = self._done.get(timeout=wait) if wait > 0 else self._done.get_nowait()
+        except stdqueue.Empty:
+            return found
+        while True:
+            if not item.job.abandoned:
+                found.append(item)
+                self.running.pop(item.job.id, None)
+            try:
+                item = self._done.get_nowait()
+            except stdqueue.Empty:
+                return found
+
+    def _expire_timeouts(self, threads: Threads) -> int:
+        now = time.monotonic()
+        late = [job for job in self.running.values() if job.deadline is not None and job.deadline <= now]
+        for job in late:
+            job.abandoned = True
+            del self.running[job.id]
+            threads.add()  # the stuck thread keeps running; its slot gets a new thread
+            exc = TimeoutError(f"job ran longer than its timeout of {job.handler.timeout:g}s")
+            self._pending.append(failed(job, exc, retryable=True, delay=job.handler.delay(job.attempt)))
+            log.warning("worker %s: job %s #%d timed out (attempt %d)", self.name, job.name, job.id, job.attempt)
+        self._flush([])
+        return len(late)
+
+    def _flush(self, finished: list[Outcome]) -> None:
+        """Write the new outcomes with any an earlier database error left pending.
+
+        If the batch fails and the database still answers, one outcome must be at fault
+        (a value it refuses, a statement too large): each is then written alone, and one
+        refused alone is replaced by a failure saying why, so no outcome blocks the rest.
+        """
+        self._pending += finished
+        if not self._pending:
+            return
+        batch, self._pending = self._pending, []
+        if len(batch) > 1:
+            try:
+                self.finish(batch)
+                return
+            except (Error, ValueError) as exc:
+                if self._outage(exc):
+                    self._pending = batch
+                    raise
+                log.warning("worker %s: writing %d outcomes failed (%s); writing them one by one",
+                            self.name, len(batch), exc)
+        for index, outcome in enumerate(batch):
+            try:
+                self._write_alone(outcome)
+            except Error:
+                self._pending = batch[index:]
+                raise
+
+    def _write_alone(self, outcome: Outcome) -> None:
+        try:
+            self.finish([outcome])
+            return
+        except (Error, ValueError) as exc:
+            if self._outage(exc):
+                raise
+            refused = exc
+        job = outcome.job
+        log.error("worker %s: the database refused the outcome of %s #%d (%s); failing the attempt"
+                  " with that error instead", self.name, job.name, job.id, refused)
+        try:
+            self.finish([outcome.refused(refused)])
+        except (Error, ValueError) as exc:
+            if self._outage(exc):
+                raise
+            log.error("worker %s: could not record that either (%s): %s #%d is recovered when its lease"
+                      " lapses", self.name, exc, job.name, job.id)
+
+    def _outage(self, exc: Exception) -> bool:
+        """Whether `exc` came from the database being away rather than from what was sent:
+        a transient error, and the database does not answer a trivial query either."""
+        return isinstance(exc, Error) and db.transient(exc) and not db.answers(self.using)
+
+    def finish(self, done: list[Outcome]) -> None:
+        """Write outcomes in one transaction (each only if its claim is still running), then
+        count and log them."""
+        written = outcomes.write_outcomes(done, self.name, self.handler_grace, self.using)
+        self._finished_keys.update(outcome.job.key for outcome in done)
+        stay = report.outcomes_written(self.name, done, written, self.stats, self.handler_grace)
+        self._retries_until = max(self._retries_until, stay)
+
+    def hand_back(self) -> int:
+        """Put every attempt still running under this worker's name back to ready, without
+        using up a try: the unfinished ones, and any whose claim reply was lost."""
+        for job in self.running.values():
+            job.abandoned = True
+        keep = [outcome.job.id for outcome in self._pending]  # finished: never run twice
+        count = outcomes.hand_back(self.name, keep, self.using)
+        self.running.clear()
+        self._claim_unsure = False
+        log.warning("worker %s: handed %d unfinished job(s) back to the queue", self.name, count)
+        return count
+
+    # -- heartbeat, recovery, history ---------------------------------------------------
+
+    def _ours(self) -> list[int]:
+        """Jobs this worker runs or has finished without writing: their leases are its."""
+        return [*self.running, *(outcome.job.id for outcome in self._pending)]
+
+    def heartbeat(self) -> None:
+        """Renew the worker's lease and the leases of the jobs it runs, and only those."""
+        assert self.hold is not None
+        try:
+            self.hold.renew()
+        except LeaseLost:
+            old = self.name
+            log.error("worker %s: its lease lapsed (stalled longer than %.0fs); registering again", old, self.ttl)
+            self.register()
+            self._adopt(old)
+        recovery.extend(self.name, self._ours(), self.ttl, self.using)
+
+    def _adopt(self, old: str) -> None:
+        """Running jobs still under the lapsed name were not recovered: keep them as ours."""
+        recovery.adopt(self.name, old, self.using)
+        for job in self.running.values():
+            job.worker = self.name
+        for outcome in self._pending:
+            outcome.job.worker = self.name
+
+    def recover(self) -> int:
+        """Put back the jobs of workers whose heartbeat lapsed: ready, or dead when out of
+        attempts. Any live worker does this; SKIP LOCKED keeps them from colliding. This
+        worker's own jobs are left alone when it still runs them (its heartbeat was late)."""
+        total = recovery.recover_lapsed(self.using, by=f"worker {self.name}", keep=set(self._ours()),
+                                        worker=self.name)
+        self.stats.recovered += total
+        blocked = limits.unblock_pass(self.using)
+        now = time.monotonic()
+        if blocked and now >= self._next_limit_log:
+            self._next_limit_log = now + LIMIT_LOG_EVERY
+            report.keys_at_limit(self.name, blocked)
+        return total
+
+    def trim(self) -> None:
+        """Keep only the newest LEASES_KEEP_RUNS finished runs of the keys that just ran."""
+        keys, self._finished_keys = self._finished_keys, set()
+        if keys:
+            history.trim_runs(keys, using=self.using)
+
+
+def database_of(queues: list[str], using: str | None = None) -> str:
+    """The one database `queues` live on: `using`, else their routes'; ValueError when
+    the routes send them to several."""
+    if using or queues == ["*"]:
+        return routing.known(using) if using else db.alias()
+    found = {name: routing.route("queues", name) for name in queues}
+    if len(set(found.values())) > 1:
+        spread = ", ".join(f"{name} on {alias}" for name, alias in sorted(found.items()))
+        raise ValueError(f"queues live on several databases ({spread}): one worker serves one database")
+    return next(iter(found.values()))
