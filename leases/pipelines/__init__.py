@@ -7,7 +7,7 @@ from leases import lazy_exports
 _EXPORTS = {
     "Pipeline": "leases.pipelines.definition",
     "Stage": "leases.pipelines.definition",
-    "cancelled": "leases.pipelines.engine",
+    "cancelled": "leases.pipelines.payload",
     "get": "leases.pipelines.definition",
 }
 

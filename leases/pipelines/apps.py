@@ -8,9 +8,32 @@ class PipelinesConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        """Plug the pipelines into the job queue: their tasks' runner and finisher, and the
+        schedule target that starts runs. `runs` is kept here for the models and the
+        definitions, which sit below it and import none of it."""
+        from django.core.checks import register
+
+        from leases import conf
+
+        register(conf.check_settings)  # also when leases.tasks is missing: leases.E015 says so
+        if not self.apps.is_installed("leases.tasks"):
+            return  # what follows runs on the job queue
         from leases.tasks import registry
 
-        from .engine import BACKEND, TASK_ENDED, task_runner, tasks_ended
+        from . import definition, machine, outcomes, payload, runs
+        from .handlers import START
 
-        registry.add_runner(BACKEND, task_runner)
-        registry.add_finisher(TASK_ENDED, tasks_ended)
+        self.runs = runs
+        registry.add_runner(machine.BACKEND, payload.task_runner)
+        registry.add_finisher(machine.TASK_ENDED, outcomes.tasks_ended)
+        registry.add_target(registry.Target(
+            kind="pipeline", handler=START, check=lambda name: definition.get(name).name,
+            payload=lambda name, context, key: {"pipeline": name, "context": context, "key": key},
+        ))
+
+        from leases.ops.readings import add_metrics, add_panels
+
+        from . import readings
+
+        add_panels(40, readings.run_panels)  # last on the dashboard
+        add_metrics(40, readings.run_metrics)

@@ -10,6 +10,7 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
+from django.apps import apps
 from django.utils.module_loading import autodiscover_modules
 
 from leases.validation import check_name
@@ -160,10 +161,10 @@ class Pipeline:
         }
 
     def start(self, context: Any = None, key: str | None = None, using: str | None = None) -> Any:
-        """Start a run (or return the live run of `key`); see `leases.pipelines.engine.start`."""
-        from .engine import start
-
-        return start(self, context=context, key=key, using=using)
+        """Start a run (or return the live run of `key`); see `leases.pipelines.runs.start`,
+        which this app's config holds: a definition imports nothing that runs it."""
+        runs = apps.get_app_config("leases_pipelines").runs
+        return runs.start(self, context=context, key=key, using=using)
 
 
 def from_snapshot(data: dict[str, Any]) -> Pipeline:

@@ -1,17 +1,21 @@
-"""The engine's event, a job on the queue like any other (see `engine`)."""
+"""The pipelines' own jobs, on the queue like any other: the event that advances a run,
+and the start of a run a schedule's tick asked for."""
 from leases.tasks.registry import handler
 
-from . import definition, engine
+from . import definition, machine
+
+#: The handler whose job starts a scheduled run (the pipelines' schedule target).
+START = "leases.pipelines.start"
 
 
-@handler(engine.EVENT, max_attempts=engine.EVENT_ATTEMPTS, backoff=lambda attempt: min(30.0, 0.25 * 2**attempt))
+@handler(machine.EVENT, max_attempts=machine.EVENT_ATTEMPTS, backoff=lambda attempt: min(30.0, 0.25 * 2**attempt))
 def advance(payload: dict) -> None:
     """Move a run on once its tasks' outcomes are recorded. It must not be lost, so it
     is retried for a long time (the run waits for it)."""
-    engine.advance(payload["run"])
+    machine.advance_event(payload["run"])
 
 
-@handler("leases.pipelines.start", max_attempts=5)
+@handler(START, max_attempts=5)
 def start(payload: dict) -> dict:
     """Start a run of a pipeline (a schedule's tick). The key makes a retry after a lost
     reply find the run it started rather than start another."""

@@ -1,6 +1,7 @@
 """State of pipeline runs: one row per run, per stage of a run, per task of a stage.
 
-Behaviour lives in `leases.pipelines.engine`. A task's outcome is recorded in the
+Behaviour lives in the plain modules: `runs` (start and steer), `machine` (advance),
+`outcomes` (a task's end), `payload` (what a task receives). A task's outcome is recorded in the
 transaction that ends its job, by conditional UPDATEs of its task row and its stage's
 counters; every other change to a run (starting stages, ending it) happens in one
 transaction that first locks the run's row. Whoever brings a stage's `pending` to zero
@@ -9,12 +10,51 @@ instant in different processes advance the run once.
 """
 from __future__ import annotations
 
+from typing import Any
+
+from django.apps import apps
 from django.db import models
 from django.db.models.functions import Coalesce
 
 NAME_LENGTH = 100
 KEY_LENGTH = 255
 TASK_LENGTH = 200
+
+
+class RunStatus(models.TextChoices):
+    """A run's status, named here once (and by these names in leases.pipelines.sql)."""
+
+    RUNNING = "running", "running"
+    PAUSED = "paused", "paused"
+    SUCCEEDED = "succeeded", "succeeded"
+    FAILED = "failed", "failed"
+    CANCELLED = "cancelled", "cancelled"
+
+
+class StageStatus(models.TextChoices):
+    WAITING = "waiting", "waiting"
+    RUNNING = "running", "running"
+    SUCCEEDED = "succeeded", "succeeded"
+    FAILED = "failed", "failed"
+    CANCELLED = "cancelled", "cancelled"
+
+
+class TaskStatus(models.TextChoices):
+    #: Not queued yet (a serial or max_parallel stage queues its tasks as others finish).
+    WAITING = "waiting", "waiting"
+    #: Its job waits or runs; the job's row says which.
+    QUEUED = "queued", "queued"
+    SUCCEEDED = "succeeded", "succeeded"
+    FAILED = "failed", "failed"
+    CANCELLED = "cancelled", "cancelled"
+    #: Never queued: its run ended first.
+    SKIPPED = "skipped", "skipped"
+
+
+def _steering() -> Any:
+    """`leases.pipelines.runs`, which steers runs, as this app's config holds it: the
+    models sit below the behaviour that changes them and import none of it."""
+    return apps.get_app_config("leases_pipelines").runs
 
 
 class RunQuerySet(models.QuerySet):
@@ -40,14 +80,14 @@ class Run(models.Model):
     own run again instead of starting a second.
     """
 
-    RUNNING, PAUSED, SUCCEEDED, FAILED, CANCELLED = "running", "paused", "succeeded", "failed", "cancelled"
-    STATUSES = [(s, s) for s in (RUNNING, PAUSED, SUCCEEDED, FAILED, CANCELLED)]
+    RUNNING, PAUSED, SUCCEEDED, FAILED, CANCELLED = RunStatus
+    STATUSES = RunStatus.choices
     LIVE = (RUNNING, PAUSED)
 
     pipeline = models.CharField(max_length=NAME_LENGTH)
     key = models.CharField(max_length=KEY_LENGTH, blank=True, default="")
     live_key = models.CharField(max_length=64, null=True, blank=True, unique=True)
-    status = models.CharField(max_length=10, choices=STATUSES, default=RUNNING)
+    status = models.CharField(max_length=10, choices=STATUSES, default=RunStatus.RUNNING)
     definition = models.JSONField(help_text="The pipeline as it was when the run started.")
     context = models.JSONField(default=dict, blank=True)
     error = models.TextField(blank=True, default="")
@@ -55,7 +95,7 @@ class Run(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     #: Counts the engine's decisions about the run; each writes it, so that two of them on
-    #: two nodes of a Galera cluster conflict (see engine._locked).
+    #: two nodes of a Galera cluster conflict (see store.locked).
     revision = models.PositiveBigIntegerField(default=0, editable=False)
 
     objects = RunQuerySet.as_manager()
@@ -74,26 +114,18 @@ class Run(models.Model):
 
     def cancel(self) -> bool:
         """Stop the run: nothing new starts, waiting tasks are cancelled."""
-        from .engine import cancel
-
-        return cancel(self)
+        return _steering().cancel(self)
 
     def pause(self) -> bool:
         """Start nothing new until resume(); running tasks finish."""
-        from .engine import pause
-
-        return pause(self)
+        return _steering().pause(self)
 
     def resume(self) -> bool:
-        from .engine import resume
-
-        return resume(self)
+        return _steering().resume(self)
 
     def restart(self, stage: str) -> None:
         """Run a failed or cancelled stage again, then everything that depends on it."""
-        from .engine import restart
-
-        restart(self, stage)
+        _steering().restart(self, stage)
 
     def progress(self) -> tuple[int, int]:
         """(tasks finished, tasks made so far), as `with_progress` annotates them."""
@@ -106,13 +138,13 @@ class StageRun(models.Model):
     those not queued yet (a serial or max_parallel stage queues them as others finish),
     `done` those finished."""
 
-    WAITING, RUNNING, SUCCEEDED, FAILED, CANCELLED = "waiting", "running", "succeeded", "failed", "cancelled"
-    STATUSES = [(s, s) for s in (WAITING, RUNNING, SUCCEEDED, FAILED, CANCELLED)]
+    WAITING, RUNNING, SUCCEEDED, FAILED, CANCELLED = StageStatus
+    STATUSES = StageStatus.choices
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="stages")
     name = models.CharField(max_length=NAME_LENGTH)
     position = models.PositiveIntegerField(help_text="Place in the definition.")
-    status = models.CharField(max_length=10, choices=STATUSES, default=WAITING)
+    status = models.CharField(max_length=10, choices=STATUSES, default=StageStatus.WAITING)
     total = models.PositiveIntegerField(default=0)
     pending = models.PositiveIntegerField(default=0)
     waiting = models.PositiveIntegerField(default=0)
@@ -139,10 +171,8 @@ class TaskRun(models.Model):
     While its job waits or runs the task is "queued"; the job's own row says which.
     """
 
-    WAITING, QUEUED, SUCCEEDED, FAILED, CANCELLED, SKIPPED = (
-        "waiting", "queued", "succeeded", "failed", "cancelled", "skipped",
-    )
-    STATUSES = [(s, s) for s in (WAITING, QUEUED, SUCCEEDED, FAILED, CANCELLED, SKIPPED)]
+    WAITING, QUEUED, SUCCEEDED, FAILED, CANCELLED, SKIPPED = TaskStatus
+    STATUSES = TaskStatus.choices
     FINISHED = (SUCCEEDED, FAILED, CANCELLED, SKIPPED)
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="tasks")
@@ -151,7 +181,7 @@ class TaskRun(models.Model):
     position = models.PositiveIntegerField(help_text="Order in the stage: item, then task.")
     item_index = models.PositiveIntegerField(null=True, blank=True)
     item = models.JSONField(null=True, blank=True)
-    status = models.CharField(max_length=10, choices=STATUSES, default=WAITING)
+    status = models.CharField(max_length=10, choices=STATUSES, default=TaskStatus.WAITING)
     job_id = models.BigIntegerField(null=True, blank=True, unique=True, help_text="The job running it.")
     attempts = models.PositiveIntegerField(default=0)
     result = models.JSONField(null=True, blank=True)

@@ -14,7 +14,7 @@ from datetime import datetime
 from django.db.models import Case, Count, IntegerField, When
 
 from leases import db
-from leases.pool import db_now
+from leases.clock import db_now
 from leases.tasks.models import Job
 
 from .models import Run, StageRun, TaskRun

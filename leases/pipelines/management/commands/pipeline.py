@@ -14,14 +14,15 @@ from typing import Any
 from django.core.management.base import CommandError, CommandParser
 
 from leases import db, routing
+from leases.clock import db_now
 from leases.durations import parse_duration
 from leases.exceptions import UnknownHandler
 from leases.management.base import EX_TEMPFAIL, EX_USAGE, LeasesCommand, add_database_option, import_modules
 from leases.management.text import clock, elapsed, parse_json, shown, span, table
-from leases.pipelines import definition, engine
+from leases.pipelines import definition
 from leases.pipelines.models import Run, StageRun
 from leases.pipelines.report import STATUS_ORDER, RunReport
-from leases.pool import db_now
+from leases.pipelines.runs import prune
 
 #: Seconds between two looks at the run in `wait`.
 POLL = 0.5
@@ -209,7 +210,7 @@ class Command(LeasesCommand):
             if verbosity > 1:
                 self.stderr.write(f"deleted {total} runs so far")
 
-        deleted = engine.prune(seconds, using=self.using, progress=progress)
+        deleted = prune(seconds, using=self.using, progress=progress)
         if verbosity > 0:
             self.stdout.write(f"deleted {deleted} pipeline run(s) that ended more than {older_than} ago")
 
