@@ -1,7 +1,7 @@
 """URLs of the metrics endpoint and the dashboard: ``path("leases/", include("leases.urls"))``."""
 from django.urls import path
 
-from . import dashboard, metrics
+from .ops import dashboard, metrics
 
 app_name = "leases"
 

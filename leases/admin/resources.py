@@ -1,220 +1,38 @@
-"""Admin for resources: live lease state to look at, engine calls to change it.
+"""Admin of resources: live lease state to look at, engine calls to change it.
 
-Presentation only. Whether a resource is free, held or quarantined depends on the
-database clock, so each request reads `db_now()` once and judges every row by that one
-reading (never the web server's clock, which may be skewed from the one that decides
-expiry). Lease state changes only through `Pool` methods, which use the server clock
-and bump fencing tokens; the change form edits pool, name and data and nothing else.
+Presentation only. Whether a resource is free, held or quarantined is judged by the
+database clock, read once per request (`request_now`). Lease state changes only through
+`Pool` methods, which use the server clock and bump fencing tokens; the change form
+edits pool, name and data and nothing else.
 """
 from __future__ import annotations
 
-import functools
 import json
 import math
-import re
 from datetime import datetime
-from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import ValidationError
 from django.db.models import Count, OuterRef, Q, Subquery
 from django.db.models.functions import Coalesce
-from django.http import HttpRequest
 from django.template.response import TemplateResponse
-from django.urls import URLPattern, reverse
-from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.text import Truncator
 
-from . import db, routing
-from .durations import parse_duration
-from .exceptions import UnknownResource
-from .locks import break_lock
-from .models import EPOCH, Lock, Resource
-from .pool import Pool, check_data, db_now
-from .validation import MAX_SLOTS
-
-#: Keys and names holding any of these, in any case and anywhere, are secret ("pass" covers
-#: passwd and passphrase, "auth" authorization, "cred" credentials).
-SECRET_WORDS = ("pass", "pwd", "secret", "token", "key", "auth", "cookie", "cred", "session", "private")
-MASK = "••••••"
-#: What the live columns show when they do not apply (as the admin shows None in lists;
-#: the change form would print "None").
-EMPTY = "-"
-_WORDS = "|".join(SECRET_WORDS)
-_SECRET_WORD = re.compile(_WORDS, re.IGNORECASE)
-#: The password of "[scheme://]user:password@host", as proxy and database URLs carry it,
-#: with or without a scheme. It is often unescaped ("p@ss", "pa/ss"), so it runs to the last
-#: "@" of the whitespace-delimited token. A first colon followed by "//" is the scheme's,
-#: and the user then ends at the next colon, whatever follows it.
-_USERINFO = re.compile(r"(?<!\S)([^\s:]*://[^\s:]*:|[^\s:]*:(?!//))\S*@")
-#: A secret-looking name, bare (api_key, X-Auth-Token) or quoted as a dict's repr or JSON
-#: quotes keys, and its value: after "=" up to whitespace or "&" (the next query parameter),
-#: after ":" the rest of the line (a header: "Authorization: Basic dXNl..."). A quoted value
-#: keeps its quotes if it ends there ("'a'b" is masked whole). A bare name ending in Error,
-#: Exception or Warning is the exception of a traceback's last line ("KeyError: 'token'").
-#: Names are matched as whole runs (lookbehind, then a lookahead for the word) to keep the
-#: search linear on long runs.
-_PAIR = re.compile(
-    rf"""
-    (?P<name>
-        (?<![\w.-]) (?=[\w.-]*(?:{_WORDS})) [\w.-]+
-        (?<!(?-i:Error)) (?<!(?-i:Exception)) (?<!(?-i:Warning))
-      | (?P<q>['"]) (?=[^'"\n]*(?:{_WORDS})) [^'"\n]+ (?P=q)
-    )
-    (?P<sep> [ \t]* (?:(?P<eq>=+)|:) [ \t]* )
-    (?P<value>
-        (?P<vq>['"]) (?:(?!(?P=vq))[^\\\n] | \\.)* (?P=vq) (?=[\s&,;)\]}}]|$)
-      | (?(eq) (?:(?:bearer|basic|digest)[ \t]+)?[^\s&]+ | \S[^\n]* )
-    )
-    """,
-    re.IGNORECASE | re.VERBOSE,
-)
+from leases.durations import parse_duration
+from leases.exceptions import UnknownResource
+from leases.models import EPOCH, Resource
+from leases.ops.adminkit import EMPTY, OnDatabase, PerRequest, compact_time, nowrap, request_now
+from leases.ops.masking import mask_secrets
+from leases.pool import Pool, check_data
+from leases.validation import MAX_SLOTS
 
 EDITABLE = ("pool", "name", "data")
 LEASE_STATE = ("busy_until", "holder", "token", "acquired", "renewed", "quarantined", "quarantine_reason")
-_COLOURS = {Resource.FREE: "#2e9c4a", Resource.HELD: "#d08700", Resource.COOLING: "#4a7fd0",
-            Resource.QUARANTINED: "#d3372c"}
-
-
-def _nowrap(text: Any) -> str:
-    return format_html('<span style="white-space: nowrap">{}</span>', text)
-
-
-def compact_time(value: datetime | None) -> str | None:  # None: the list's empty value
-    """Compact and sortable, so a row of timestamps fits on one line."""
-    return None if value is None else _nowrap(timezone.localtime(value).strftime("%Y-%m-%d %H:%M:%S"))
-
-
-def is_secret(key: Any) -> bool:
-    return isinstance(key, str) and _SECRET_WORD.search(key) is not None
-
-
-def _masked_pair(match: re.Match) -> str:
-    quote = match["vq"] or ""
-    return f"{match['name']}{match['sep']}{quote}{MASK}{quote}"
-
-
-def mask_text(text: str) -> str:
-    """`text` (a message, a traceback, a string in JSON) with the credentials it may carry
-    masked: URL passwords and the values of secret-looking names (see _USERINFO, _PAIR).
-
-    Deliberately broad, as mask_secrets: a harmless value masked now and then costs less
-    than a credential shown to everyone with view access.
-    """
-    return _PAIR.sub(_masked_pair, _USERINFO.sub(rf"\1{MASK}@", text))
-
-
-def mask_secrets(value: Any) -> Any:
-    """`value` with secret-looking keys' values (whole subtrees) masked, and its strings
-    through mask_text.
-
-    Deliberately broad ("monkey" contains "key"): showing a harmless value masked costs
-    less than showing a credential to everyone with view access.
-    """
-    if isinstance(value, dict):
-        return {k: MASK if is_secret(k) else mask_secrets(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [mask_secrets(v) for v in value]
-    if isinstance(value, str):
-        return mask_text(value)
-    return value
-
-
-class OnDatabase:
-    """A model admin of the engine's rows on one database: `database`, else
-    LEASES_DATABASE. `site_for(alias)` makes a site whose admins set it."""
-
-    database: str | None = None
-
-    @property
-    def using(self) -> str:
-        return self.database or db.alias()
-
-    def admin_url(self, name: str, *args: Any) -> str:
-        """A URL of this admin's own site (each database's site has its own names)."""
-        return reverse(f"{self.admin_site.name}:{name}", args=args)
-
-    def get_urls(self) -> list:
-        """Every view tags its request with this admin, so what is computed per request
-        (the database clock, links) knows its database and site."""
-
-        def tagged(view: Any) -> Any:
-            @functools.wraps(view)
-            def inner(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
-                request.leases_admin = self
-                return view(request, *args, **kwargs)
-
-            return inner
-
-        return [URLPattern(p.pattern, tagged(p.callback), p.default_args, p.name) if isinstance(p, URLPattern) else p
-                for p in super().get_urls()]
-
-
-class OnDatabaseInline:
-    """An inline of an `OnDatabase` admin: its rows come from that admin's database."""
-
-    def get_queryset(self, request: HttpRequest):
-        return super().get_queryset(request).using(request.leases_admin.using)
-
-    def admin_url(self, name: str, *args: Any) -> str:
-        return reverse(f"{self.admin_site.name}:{name}", args=args)
-
-
-def site_for(alias: str) -> admin.AdminSite:
-    """An admin site showing the engine's rows on database `alias`, for a project whose
-    pools and queues are spread over several (see leases.routing):
-    ``path("admin/eu/", leases.admin.site_for("eu").urls)``. Made once per alias."""
-    routing.known(alias)
-    if alias not in _sites:
-        site = admin.AdminSite(name=f"leases_{alias}")
-        site.site_header = site.site_title = f"django-leases on database {alias}"
-        for model, model_admin in admin.site._registry.items():
-            if isinstance(model_admin, OnDatabase):
-                site.register(model, type(type(model_admin).__name__, (type(model_admin),), {"database": alias}))
-        _sites[alias] = site
-    return _sites[alias]
-
-
-_sites: dict[str, admin.AdminSite] = {}
-
-
-def request_now(request: HttpRequest) -> datetime:
-    """The database clock, read once per request: one instant for every row of the page."""
-    try:
-        return request._leases_now
-    except AttributeError:
-        admin_ = getattr(request, "leases_admin", None)
-        request._leases_now = db_now(admin_.using if admin_ else db.alias())
-        return request._leases_now
-
-
-class PerRequest:
-    """Columns that depend on the database clock, bound to one request's reading of it.
-
-    Display methods get the row but not the request, and a ModelAdmin is shared by
-    concurrent requests, so the clock reading cannot live on the admin. Cached on the
-    request: the form machinery matches these bound methods by equality across calls.
-    """
-
-    def __init__(self, request: HttpRequest) -> None:
-        self.request = request
-
-    @property
-    def using(self) -> str:
-        """The database of the admin that serves the request."""
-        return self.request.leases_admin.using
-
-    def admin_url(self, name: str, *args: Any) -> str:
-        return self.request.leases_admin.admin_url(name, *args)
-
-    @classmethod
-    def of(cls, request: HttpRequest):
-        key = f"_leases_{cls.__name__}"
-        if not hasattr(request, key):
-            setattr(request, key, cls(request))
-        return getattr(request, key)
+#: The colour of each state, in the resource and lock lists.
+STATE_COLOURS = {Resource.FREE: "#2e9c4a", Resource.HELD: "#d08700", Resource.COOLING: "#4a7fd0",
+                 Resource.QUARANTINED: "#d3372c"}
 
 
 class Live(PerRequest):
@@ -227,16 +45,16 @@ class Live(PerRequest):
     def state(self, obj: Resource) -> str:
         """The state, and for a quarantined slot why and until when, in one cell."""
         state = self._state(obj)
-        dot = format_html('<span style="color: {}">●</span> {}', _COLOURS[state], state)
+        dot = format_html('<span style="color: {}">●</span> {}', STATE_COLOURS[state], state)
         if state == Resource.QUARANTINED:
             dot = format_html('{}: {} (until {})', dot, obj.quarantine_reason or "no reason given",
                               compact_time(obj.quarantined_until))
-        return _nowrap(dot)
+        return nowrap(dot)
 
     @admin.display(description="holder", ordering="holder")
     def current_holder(self, obj: Resource) -> str:
         # The row keeps the last holder after expiry; it only means something while held.
-        return _nowrap(obj.holder) if self._state(obj) == Resource.HELD else EMPTY
+        return nowrap(obj.holder) if self._state(obj) == Resource.HELD else EMPTY
 
     @admin.display(description="expires in (s)", ordering="busy_before")
     def expires_in(self, obj: Resource) -> int | str:
@@ -466,67 +284,3 @@ class ResourceAdmin(OnDatabase, admin.ModelAdmin):
     @admin.action(description="Unquarantine selected resources", permissions=["change"])
     def unquarantine_selected(self, request, queryset):
         self._each(request, queryset, lambda p, n: p.unquarantine(n), "Unquarantined", "not quarantined")
-
-
-class LockLive(PerRequest):
-    """The lock columns."""
-
-    def _held(self, obj: Lock) -> bool:
-        return obj.held_at(request_now(self.request))
-
-    @admin.display(description="state")
-    def state(self, obj: Lock) -> str:
-        state = "held" if self._held(obj) else "free"
-        colour = _COLOURS[Resource.HELD if state == "held" else Resource.FREE]
-        return format_html('<span style="white-space: nowrap"><span style="color: {}">●</span> {}</span>',
-                           colour, state)
-
-    @admin.display(description="owner", ordering="holder")
-    def owner(self, obj: Lock) -> str:
-        return _nowrap(obj.holder) if self._held(obj) else EMPTY
-
-    @admin.display(description="expires in (s)", ordering="expires_at")
-    def expires_in(self, obj: Lock) -> int | str:
-        if not self._held(obj):
-            return EMPTY
-        return math.floor((obj.expires_at - request_now(self.request)).total_seconds())
-
-
-@admin.register(Lock)
-class LockAdmin(OnDatabase, admin.ModelAdmin):
-    """Named locks: who holds them and for how long; breaking one goes through the engine."""
-
-    search_fields = ("name", "holder")
-    actions = ["break_selected"]
-    fields = readonly_fields = ("name", "holder", "token", "expires", "acquired")
-
-    def get_queryset(self, request):
-        return super().get_queryset(request).using(self.using)
-
-    def get_list_display(self, request):
-        live = LockLive.of(request)
-        return ("name", live.state, live.owner, live.expires_in, "token", "acquired")
-
-    @admin.display(description="acquired", ordering="acquired_at")
-    def acquired(self, obj: Lock) -> str | None:
-        return compact_time(obj.acquired_at)
-
-    @admin.display(description="expires", ordering="expires_at")
-    def expires(self, obj: Lock) -> str | None:
-        return None if obj.expires_at == EPOCH else compact_time(obj.expires_at)
-
-    def has_add_permission(self, request) -> bool:
-        return False  # locks are made by taking them
-
-    @admin.action(description="Break selected locks (whoever holds them)", permissions=["change"])
-    def break_selected(self, request, queryset):
-        locks = list(queryset)
-        broken = 0
-        for lock in locks:
-            if break_lock(lock.name, using=self.using):
-                broken += 1
-                self.log_change(request, lock, f"Broken from the admin (held by {lock.holder or 'nobody'}).")
-        text = f"Broke {broken} of {len(locks)} selected lock{'s' if len(locks) != 1 else ''}."
-        if broken < len(locks):
-            text += f" {len(locks) - broken} not held."
-        self.message_user(request, text, messages.SUCCESS if broken else messages.WARNING)

@@ -1,0 +1,342 @@
+"""Admin of the job queue's jobs: state to look at, the engine to act.
+
+Jobs change only through the operator actions (`leases.tasks.jobs.actions`) and the
+workers' fenced statements: a form saving a whole Job row it read a moment ago could
+undo a claim or an outcome, so jobs are shown read-only. Every page reads the database
+clock once.
+"""
+from __future__ import annotations
+
+from django.contrib import admin, messages
+from django.core.paginator import Paginator
+from django.utils.functional import cached_property
+from django.utils.html import format_html
+
+from leases.management.text import elapsed
+from leases.ops.adminkit import (
+    EMPTY,
+    OnDatabaseInline,
+    PerRequest,
+    compact_time,
+    may_change,
+    nowrap,
+    pretty_json,
+    request_now,
+)
+from leases.ops.masking import mask_secrets, mask_text
+
+from .. import registry
+from ..jobs import actions
+from ..jobs.recovery import recover_lapsed
+from ..models import Job, JobError, LimitKey, Queue
+from .shared import ReadOnly, relative
+
+#: Ids per engine call, well under the placeholder limits of MySQL and SQLite.
+ACTION_BATCH = 500
+#: Newest jobs whose names the name filter offers beside the registered handlers.
+RECENT_NAMES = 1000
+LAPSED_HELP = (
+    "Its worker stopped heartbeating, so its lease lapsed: any live worker puts it back to ready "
+    "(or dead, when out of attempts) within seconds, or use the action 'Recover selected lapsed jobs now'. "
+    "Then it can be cancelled or discarded."
+)
+
+
+def _folded(text: str) -> str:
+    """A traceback behind a "show" toggle, so the errors table stays one line per attempt."""
+    if not text:
+        return EMPTY
+    return format_html('<details><summary>show</summary><pre style="margin: 0">{}</pre></details>', text)
+
+
+class AtLeast(int):
+    """A count that stopped at its limit: reads '10000+' wherever the admin prints it."""
+
+    def __str__(self) -> str:
+        return f"{int(self)}+"
+
+
+class CappedPaginator(Paginator):
+    """Counts at most `limit` rows, so a page of a table of millions stays one index range.
+
+    Past the limit the list says "10000+" and its page links stop there; filters narrow it.
+    """
+
+    def __init__(self, *args, limit: int, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.limit = limit
+
+    @cached_property
+    def count(self) -> int:
+        found = self.object_list.order_by().values("pk")[: self.limit + 1].count()
+        return AtLeast(self.limit) if found > self.limit else found
+
+
+class QueueFilter(admin.SimpleListFilter):
+    """Queues by the small Queue table, not a DISTINCT over every job."""
+
+    title = "queue"
+    parameter_name = "queue"
+
+    def lookups(self, request, model_admin):
+        return [(n, n) for n in Queue.objects.using(model_admin.using).values_list("name", flat=True)]
+
+    def queryset(self, request, queryset):
+        return queryset if self.value() is None else queryset.filter(queue=self.value())
+
+
+class NameFilter(admin.SimpleListFilter):
+    """Handlers registered in this process and the names of the newest jobs (Django Tasks
+    and pipeline tasks too), read by primary key; any name works as ?name=... in the URL."""
+
+    title = "name"
+    parameter_name = "name"
+
+    def lookups(self, request, model_admin):
+        recent = Job.objects.using(model_admin.using).order_by("-id").values_list("name", flat=True)[:RECENT_NAMES]
+        return [(n, n) for n in sorted(set(registry.registered()) | set(recent))]
+
+    def queryset(self, request, queryset):
+        return queryset if self.value() is None else queryset.filter(name=self.value())
+
+
+class LeaseFilter(admin.SimpleListFilter):
+    """Running jobs whose worker stopped heartbeating (their lease lapsed, by the database
+    clock): a live worker recovers them within seconds, or the action does now."""
+
+    title = "lease"
+    parameter_name = "lease"
+
+    def lookups(self, request, model_admin):
+        return [("lapsed", "lapsed (worker gone)"), ("live", "live")]
+
+    def queryset(self, request, queryset):
+        now = request_now(request)
+        if self.value() == "lapsed":
+            return queryset.filter(status=Job.RUNNING, expires_at__lte=now)
+        if self.value() == "live":
+            return queryset.filter(status=Job.RUNNING, expires_at__gt=now)
+        return queryset
+
+
+class LimitKeyFilter(admin.SimpleListFilter):
+    """Jobs of one limited key, by the small LimitKey table (the first 20 are offered; any
+    key works as ?limit_key=... in the URL)."""
+
+    title = "limited key"
+    parameter_name = "limit_key"
+
+    def lookups(self, request, model_admin):
+        return [(key, key) for key in LimitKey.objects.using(model_admin.using).values_list("name", flat=True)[:20]]
+
+    def has_output(self) -> bool:
+        return True  # filter by a key given in the URL even when none is blocked now
+
+    def queryset(self, request, queryset):
+        return queryset if self.value() is None else queryset.filter(limit_key=self.value())
+
+
+class JobLive(PerRequest):
+    """The job columns that depend on the database clock."""
+
+    @admin.display(description="status", ordering="status")
+    def status_text(self, obj: Job) -> str:
+        return nowrap(Job.describe(obj.status, obj.attempt, obj.expires_at, request_now(self.request)))
+
+    @admin.display(description="run at", ordering="run_at")
+    def run_in(self, obj: Job) -> str:
+        return relative(obj.run_at, request_now(self.request))
+
+    @admin.display(description="duration")
+    def duration(self, obj: Job) -> str:
+        """Start to finish, or to now while it runs (database clock)."""
+        now = request_now(self.request) if obj.status == Job.RUNNING else None
+        return elapsed(obj.started_at, obj.finished_at, now) or EMPTY
+
+    @admin.display(description="lease", ordering="expires_at")
+    def lease(self, obj: Job) -> str:
+        """A running job's lease: renewed by its worker's heartbeat; lapsed when it is gone."""
+        if obj.status != Job.RUNNING or obj.expires_at is None:
+            return EMPTY
+        return relative(obj.expires_at, request_now(self.request))
+
+
+class JobErrorInline(OnDatabaseInline, admin.TabularInline):
+    """What each failed attempt raised, oldest first."""
+
+    model = JobError
+    extra = 0
+    can_delete = False
+
+    def get_fields(self, request, obj=None):
+        """Messages and tracebacks quote arguments, URLs and headers, credentials included:
+        as the payload, they are shown as stored only to those who may act on the job."""
+        if may_change(request, self.parent_model._meta):
+            return ("attempt", "exception", "message", "trace", "worker", "at")
+        return ("attempt", "exception", "masked_message", "masked_trace", "worker", "at")
+
+    def get_readonly_fields(self, request, obj=None):
+        return self.get_fields(request, obj)
+
+    def has_add_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    @admin.display(description="message")
+    def masked_message(self, obj: JobError) -> str:
+        return mask_text(obj.message)
+
+    @admin.display(description="traceback")
+    def trace(self, obj: JobError) -> str:
+        return _folded(obj.traceback)
+
+    @admin.display(description="traceback")
+    def masked_trace(self, obj: JobError) -> str:
+        return _folded(mask_text(obj.traceback))
+
+
+@admin.register(Job)
+class JobAdmin(ReadOnly):
+    """Jobs, quick on a table of a million finished rows: newest first by primary key,
+    filters that read no job rows, and a count that stops at `count_limit`."""
+
+    list_filter = (QueueFilter, "status", LeaseFilter, NameFilter, LimitKeyFilter)
+    search_fields = ("^name", "^key", "^limit_key")
+    ordering = ("-id",)
+    show_full_result_count = False
+    show_facets = admin.ShowFacets.NEVER
+    count_limit = 10000
+    inlines = (JobErrorInline,)
+    actions = ("retry_selected", "cancel_selected", "discard_selected", "recover_selected")
+
+    def get_search_results(self, request, queryset, search_term):
+        """A number finds that job; words find names, keys and limit keys by prefix."""
+        term = search_term.strip().lstrip("#")
+        if term.isdigit():
+            return queryset.filter(pk=int(term)), False
+        return super().get_search_results(request, queryset, search_term)
+
+    def get_paginator(self, request, queryset, per_page, orphans=0, allow_empty_first_page=True):
+        return CappedPaginator(queryset, per_page, orphans, allow_empty_first_page, limit=self.count_limit)
+
+    def get_list_display(self, request):
+        live = JobLive.of(request)
+        return ("id", "name", "queue", live.status_text, "attempts", live.run_in, "started", live.duration,
+                live.lease, "worker_short", "finished")
+
+    def get_fieldsets(self, request, obj=None):
+        """Who may act on jobs sees payload and result as stored; viewers see them masked
+        (as resource data), since handlers take and return credentials too."""
+        live = JobLive.of(request)
+        if may_change(request, self.opts):
+            shown = ("payload_json", "result_json")
+        else:
+            shown = ("masked_payload", "masked_result")
+        lapsed = (obj is not None and obj.status == Job.RUNNING and obj.expires_at is not None
+                  and obj.expires_at <= request_now(request))
+        return [
+            (None, {
+                "fields": ("name", "queue", "backend", live.status_text, "priority", "attempts", live.run_in,
+                           "run_time", "worker", live.lease, "enqueued", "started", "finished", live.duration,
+                           "key", "pending_key", "limit_key", "concurrency", "rate"),
+                "description": LAPSED_HELP if lapsed else "",
+            }),
+            ("Payload and result", {"fields": shown}),
+        ]
+
+    @admin.display(description="attempts")
+    def attempts(self, obj: Job) -> str:
+        return f"{obj.attempt}/{obj.max_attempts}"
+
+    @admin.display(description="finished", ordering="finished_at")
+    def finished(self, obj: Job) -> str | None:
+        return compact_time(obj.finished_at)
+
+    @admin.display(description="started", ordering="started_at")
+    def started(self, obj: Job) -> str | None:
+        return compact_time(obj.started_at)
+
+    @admin.display(description="queued", ordering="enqueued_at")
+    def enqueued(self, obj: Job) -> str | None:
+        return compact_time(obj.enqueued_at)
+
+    @admin.display(description="run time", ordering="run_at")
+    def run_time(self, obj: Job) -> str | None:
+        return compact_time(obj.run_at)
+
+    @admin.display(description="worker", ordering="worker")
+    def worker_short(self, obj: Job) -> str:
+        """host:pid, the whole name (with its random part) on hover."""
+        if not obj.worker:
+            return EMPTY
+        short = ":".join(obj.worker.split(":")[:2])
+        return format_html('<span style="white-space: nowrap" title="{}">{}</span>', obj.worker, short)
+
+    @admin.display(description="payload")
+    def payload_json(self, obj: Job) -> str:
+        return pretty_json(obj.payload)
+
+    @admin.display(description="payload")
+    def masked_payload(self, obj: Job) -> str:
+        return pretty_json(mask_secrets(obj.payload))
+
+    @admin.display(description="result")
+    def result_json(self, obj: Job) -> str:
+        return EMPTY if obj.result is None else pretty_json(obj.result)
+
+    @admin.display(description="result")
+    def masked_result(self, obj: Job) -> str:
+        return EMPTY if obj.result is None else pretty_json(mask_secrets(obj.result))
+
+    # -- actions: through leases.tasks.jobs.actions -------------------------------------------
+
+    def has_operate_permission(self, request) -> bool:
+        return may_change(request, self.opts)
+
+    def _apply(self, request, queryset, call, verb: str, skipped: str, eligible: tuple[int, ...]) -> None:
+        """Call `call(ids)` in batches and record it in the history of the jobs it may
+        have changed (those of an `eligible` status when it ran)."""
+        ids = list(queryset.values_list("id", flat=True))
+        batches = [ids[i : i + ACTION_BATCH] for i in range(0, len(ids), ACTION_BATCH)]
+        done = 0
+        for batch in batches:
+            touched = list(Job.objects.using(self.using).filter(pk__in=batch, status__in=eligible))
+            done += call(batch, using=self.using)
+            for job in touched:
+                self.log_change(request, job, f"{verb} from the admin.")
+        text = f"{verb} {done} of {len(ids)} selected job{'s' if len(ids) != 1 else ''}."
+        if done < len(ids):
+            text += f" {len(ids) - done} {skipped}."
+        self.message_user(request, text, messages.SUCCESS if done else messages.WARNING)
+
+    @admin.action(description="Retry selected failed, dead or cancelled jobs now", permissions=["operate"])
+    def retry_selected(self, request, queryset):
+        self._apply(request, queryset, actions.retry, "Retried", "not failed, dead or cancelled",
+                    (Job.FAILED, Job.DEAD, Job.CANCELLED))
+
+    @admin.action(description="Cancel selected waiting jobs", permissions=["operate"])
+    def cancel_selected(self, request, queryset):
+        self._apply(request, queryset, actions.cancel, "Cancelled", "not waiting", Job.WAITING)
+
+    @admin.action(description="Discard selected jobs that are not running", permissions=["operate"])
+    def discard_selected(self, request, queryset):
+        self._apply(request, queryset, actions.discard, "Discarded", "running",
+                    tuple(status for status, _ in Job.STATUSES if status != Job.RUNNING))
+
+    @admin.action(description="Recover selected lapsed jobs now (their worker is gone)", permissions=["operate"])
+    def recover_selected(self, request, queryset):
+        """What a live worker does within seconds: back to ready (or dead when out of
+        attempts), with a WorkerLost error; then they can be cancelled or discarded."""
+        ids = list(queryset.filter(status=Job.RUNNING, expires_at__lte=request_now(request))
+                   .values_list("id", flat=True))
+        by = f"the admin ({request.user.get_username()})"
+        done = recover_lapsed(self.using, by=by, ids=ids) if ids else 0
+        for job in Job.objects.using(self.using).filter(pk__in=ids).exclude(status=Job.RUNNING):
+            self.log_change(request, job, "Recovered from the admin (its worker had stopped heartbeating).")
+        selected = queryset.count()
+        text = f"Recovered {done} of {selected} selected job{'s' if selected != 1 else ''}."
+        if done < selected:
+            text += f" {selected - done} not running with a lapsed lease."
+        self.message_user(request, text, messages.SUCCESS if done else messages.WARNING)
