@@ -150,9 +150,9 @@ def assign_loop(prefix: str, worker: str, seconds: float) -> int:
 
 
 def drain_loop(prefix: str) -> dict[str, float]:
-    from leases.tasks.worker import Worker
+    from leases.tasks.worker import JobWorker
 
-    worker = Worker(queues=[f"{prefix}capacity"], concurrency=4, burst=True, poll=0.02)
+    worker = JobWorker(queues=[f"{prefix}capacity"], concurrency=4, burst=True, poll=0.02)
     stats = worker.run()
     return {"done": stats.succeeded, "end": time.monotonic()}
 

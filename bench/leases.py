@@ -328,7 +328,7 @@ def reset(pool: str) -> None:
 
 
 def still_held(pool: str) -> int:
-    from leases.pool import db_now
+    from leases.clock import db_now
 
     return Resource.objects.filter(pool=pool, busy_before__gt=db_now()).count()
 

@@ -4,7 +4,7 @@ key's backlog beside none, and fair waiting for resources beside unfair, in one 
     python bench/limits.py [--database mariadb|sqlite|URL] [--quick] [--repeat 2] [--fair-seconds 30]
 
 * drain: N no-op jobs over 1,000 keys with `concurrency=2` each, beside the same N jobs
-  without a key, drained by 2 forked processes x 16 threads (`Worker(burst=True)`),
+  without a key, drained by 2 forked processes x 16 threads (`JobWorker(burst=True)`),
   alternating (ABBA), medians; goal: limited at least 70% of unlimited;
 * head of line: 100 jobs (10 ms each) of 100 other keys, the time until all have run,
   alone and behind 1,000 jobs of one key with `concurrency=1` pushed first, 1 process x 8;
@@ -57,7 +57,7 @@ from leases.models import Resource, Waiter  # noqa: E402
 from leases.tasks import push_many  # noqa: E402
 from leases.tasks.models import Job, LimitKey  # noqa: E402
 from leases.tasks.registry import handler  # noqa: E402
-from leases.tasks.worker import Worker  # noqa: E402
+from leases.tasks.worker import JobWorker  # noqa: E402
 
 QUEUE = "bench-limits"
 CTX = multiprocessing.get_context("fork")
@@ -82,7 +82,7 @@ def purge() -> None:
 
 
 def drain_child(barrier, out) -> None:
-    worker = Worker(queues=[QUEUE], concurrency=16, burst=True, poll=0.01)
+    worker = JobWorker(queues=[QUEUE], concurrency=16, burst=True, poll=0.01)
     barrier.wait()
     began = time.monotonic()
     worker.run()
@@ -118,7 +118,7 @@ def head_of_line(backlog: bool) -> float:
         push_many(("benchl.nap", {"busy": n}, {"limit_key": "busy", "concurrency": 1}) for n in range(1000))
     push_many(("benchl.nap", {"site": n}, {"limit_key": f"site-{n}", "concurrency": 2}) for n in range(100))
     others = Job.objects.filter(queue=QUEUE, limit_key__startswith="site-")
-    worker = Worker(queues=[QUEUE], concurrency=8, poll=0.01)
+    worker = JobWorker(queues=[QUEUE], concurrency=8, poll=0.01)
     began = time.monotonic()
     import threading
 

@@ -4,7 +4,7 @@
 
 * throughput: R runs of a pipeline of 3 parallel stages x 4 no-op tasks, started before
   the clock starts (so each run's first stage waits in the queue), then drained by 2
-  forked processes (--procs) each running ``Worker(concurrency=16, burst=True)`` until the
+  forked processes (--procs) each running ``JobWorker(concurrency=16, burst=True)`` until the
   queue is empty; tasks/s = 12 R / wall time. A task's outcome is recorded by the
   statement that ends its job, and the last task of a stage queues the run's advance
   event (``leases.pipelines.advance``), which starts the next stage; jobs/s counts the
@@ -87,18 +87,18 @@ from django.db import connections
 # Loaded here, before the fork, so every worker has the engine's event handler.
 import leases.pipelines.handlers  # noqa: F401
 from leases.pipelines import Pipeline, Stage
-from leases.pipelines.engine import EVENT
+from leases.pipelines.machine import EVENT
 from leases.pipelines.models import Run, TaskRun
 from leases.tasks import push_many
 from leases.tasks import queue as jobqueue
 from leases.tasks.models import Job, JobError, Queue
 from leases.tasks.models import Worker as WorkerRow
 from leases.tasks.registry import handler
-from leases.tasks.worker import Worker
+from leases.tasks.worker import JobWorker
 
 QUEUE = f"bench-pipelines-{os.getpid()}"
 NOOP = "benchp.noop"
-POLL: float = inspect.signature(Worker).parameters["poll"].default
+POLL: float = inspect.signature(JobWorker).parameters["poll"].default
 STAGES, TASKS = 3, 4
 
 
@@ -163,7 +163,7 @@ def purge() -> None:
 def worker_child(concurrency: int, burst: bool, barrier: Any, results: Any) -> None:
     """One forked worker process; a non-burst one runs until SIGTERM, as the command does."""
     try:
-        worker = Worker(queues=[QUEUE], concurrency=concurrency, burst=burst, poll=POLL)
+        worker = JobWorker(queues=[QUEUE], concurrency=concurrency, burst=burst, poll=POLL)
         signal.signal(signal.SIGTERM, lambda signum, frame: worker.stop())
         worker.register()
         worker.active_queues()

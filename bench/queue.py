@@ -5,7 +5,7 @@
 * enqueue: ``push()`` one job at a time, and ``push_many()`` in batches of 1000, beside a
   parameterised INSERT per job and a 1000-row INSERT on the driver's own cursor;
 * drain: N no-op jobs preloaded, then 1 or 2 forked processes each running
-  ``Worker(concurrency=C, burst=True)`` until the queue is empty; jobs/s = N / wall time.
+  ``JobWorker(concurrency=C, burst=True)`` until the queue is empty; jobs/s = N / wall time.
   Beside it the raw loop in the same processes, with no threads: one transaction that
   selects C ready rows FOR UPDATE SKIP LOCKED (SQLite: BEGIN IMMEDIATE) and marks them
   running, then one UPDATE that marks them succeeded. That loop is the ceiling of the
@@ -69,7 +69,7 @@ from leases.tasks import queue as jobqueue  # noqa: E402
 from leases.tasks.models import Job, JobError, Queue  # noqa: E402
 from leases.tasks.models import Worker as WorkerRow  # noqa: E402
 from leases.tasks.registry import handler  # noqa: E402
-from leases.tasks.worker import Worker  # noqa: E402
+from leases.tasks.worker import JobWorker  # noqa: E402
 
 QUEUE = f"bench-{os.getpid()}"
 NAME = "bench.noop"
@@ -223,10 +223,10 @@ def bench_enqueue(single: int, bulk: int) -> dict[str, float]:
 
 
 def drain_child(mode: str, concurrency: int, barrier: Any, results: Any) -> None:
-    """One process: drain the queue through the Worker, or through the raw loop."""
+    """One process: drain the queue through the JobWorker, or through the raw loop."""
     try:
         if mode == "api":
-            worker = Worker(queues=[QUEUE], concurrency=concurrency, burst=True, poll=POLL)
+            worker = JobWorker(queues=[QUEUE], concurrency=concurrency, burst=True, poll=POLL)
             worker.register()
             worker.active_queues()
             barrier.wait(timeout=60)
@@ -302,7 +302,7 @@ def drain_once(mode: str, procs: int, concurrency: int, jobs: int) -> dict[str, 
 def pickup_child(mode: str, jobs: int, ready: Any) -> None:
     """An idle claimer at the default poll until it has started `jobs` jobs."""
     if mode == "api":
-        worker = Worker(queues=[QUEUE], concurrency=4, poll=POLL, max_jobs=jobs)
+        worker = JobWorker(queues=[QUEUE], concurrency=4, poll=POLL, max_jobs=jobs)
         worker.register()
         ready.set()
         worker.run()
@@ -376,7 +376,7 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
     for procs, color in ((1, "tab:blue"), (2, "tab:orange")):
         mine = sorted((r for r in rows if r["procs"] == procs), key=lambda r: r["concurrency"])
         xs = [r["concurrency"] for r in mine]
-        ax.plot(xs, [r["api"] for r in mine], "o-", color=color, label=f"Worker, {procs} process{'es' * (procs > 1)}")
+        ax.plot(xs, [r["api"] for r in mine], "o-", color=color, label=f"JobWorker, {procs} process{'es' * (procs > 1)}")
         ax.plot(xs, [r["raw"] for r in mine], "s--", color=color, alpha=0.6,
                 label=f"raw claim loop, {procs} process{'es' * (procs > 1)}")
     ax.set_xscale("log", base=2)

@@ -49,12 +49,12 @@ setup("schedules", ARGS.database if ARGS else None)
 
 from django.core.management import call_command  # noqa: E402
 
+from leases.clock import db_now  # noqa: E402
 from leases.locks import break_lock  # noqa: E402
-from leases.pool import db_now  # noqa: E402
 from leases.tasks import schedule  # noqa: E402
 from leases.tasks.models import Job, Schedule, ScheduleRun  # noqa: E402
 from leases.tasks.registry import handler  # noqa: E402
-from leases.tasks.scheduler import LOCK, Scheduler  # noqa: E402
+from leases.tasks.schedules.leader import LOCK, Scheduler  # noqa: E402
 
 NAME = "benchs.noop"
 QUEUE = "bench-schedules"

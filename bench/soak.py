@@ -80,7 +80,7 @@ import tests.jobs  # noqa: E402,F401 - the "sleepy" handler
 from leases.tasks import push_many  # noqa: E402
 from leases.tasks.models import Job, JobError, Queue  # noqa: E402
 from leases.tasks.models import Worker as WorkerRow  # noqa: E402
-from tests.faultproxy import FaultProxy  # noqa: E402
+from tests.faults.faultproxy import FaultProxy  # noqa: E402
 
 LOST = "leases.exceptions.WorkerLost"
 

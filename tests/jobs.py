@@ -69,3 +69,30 @@ def limited(payload):
 def rated(payload):
     """At most five starts of a key per second."""
     _window(payload, "rated")
+
+
+def _where(payload: dict) -> dict:
+    """The log and the nap of a job, however it came: pushed or scheduled (its payload),
+    or a pipeline's task (its run's context)."""
+    return payload.get("context", payload)
+
+
+@handler("limit.one", queue="default", max_attempts=3, backoff=0.0, limit_key="one", concurrency=1)
+def limit_one(payload):
+    """One at a time across every worker, whoever enqueued it."""
+    where = _where(payload)
+    _window({"key": "one", "log": where.get("log"), "seconds": where.get("seconds", 0.2)}, "limit.one")
+
+
+@handler("limit.rated", queue="default", max_attempts=3, backoff=0.0, limit_key="rated", rate="2/s")
+def limit_rated(payload):
+    """Two starts a second across every worker, whoever enqueued it."""
+
+
+@handler("limit.by_site", queue="default", max_attempts=3, backoff=0.0,
+         limit_key=lambda payload: payload["item"]["site"], concurrency=1)
+def limit_by_site(payload):
+    """One at a time per site: the key is a function of what the handler receives (here a
+    pipeline's item)."""
+    where = _where(payload)
+    _window({"key": payload["item"]["site"], "log": where.get("log"), "seconds": where.get("seconds", 0.2)}, "site")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import time
 
+import tests.jobs  # noqa: F401 - registers the limit.* handlers the limited pipelines run
 from leases.pipelines import Pipeline, Stage, cancelled
 from leases.tasks import Fail, handler
 
@@ -68,6 +69,12 @@ def refuse(payload):
     raise Fail("refused")
 
 
+@handler("p.items", queue="default", backoff=0.0)
+def items(payload):
+    """The context's list, for a for_each."""
+    return payload["context"]["items"]
+
+
 @handler("p.dict", queue="default", backoff=0.0)
 def not_a_list(payload):
     return {"not": "a list"}
@@ -110,4 +117,19 @@ three = Pipeline("three-by-five", [
     Stage("a", ["p.a1", "p.a2", "p.a3", "p.a4", "p.a5"], parallel=True),
     Stage("b", ["p.b1", "p.b2", "p.b3", "p.b4", "p.b5"], parallel=True),
     Stage("c", ["p.c1", "p.c2", "p.c3", "p.c4", "p.c5"], parallel=True),
+])
+
+limited_fan = Pipeline("limited-fan", [
+    Stage("list", ["p.items"]),
+    Stage("each", ["limit.one"], for_each="p.items", max_parallel=6),
+])
+
+rated_fan = Pipeline("rated-fan", [
+    Stage("list", ["p.items"]),
+    Stage("each", ["limit.rated"], for_each="p.items", max_parallel=6),
+])
+
+sites_fan = Pipeline("sites-fan", [
+    Stage("list", ["p.items"]),
+    Stage("each", ["limit.by_site"], for_each="p.items", max_parallel=6),
 ])

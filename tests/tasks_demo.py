@@ -1,6 +1,10 @@
 """Django Tasks used by the backend tests; workers load them with ``--import tests.tasks_demo``."""
 from __future__ import annotations
 
+import os
+import time
+
+from leases.tasks import handler
 from leases.tasks.backend import Task  # noqa: F401 - the framework in use (django.tasks or the backport)
 
 try:
@@ -34,3 +38,20 @@ def which_attempt(context, fail_until: int) -> int:
 @task()
 async def async_add(a: int, b: int) -> int:
     return a + b
+
+
+@handler(limit_key="one", concurrency=1)
+@task()
+def one_at_a_time(log: str, seconds: float) -> None:
+    """One at a time across every worker: its key, "one", is set above the task."""
+    began = time.monotonic()
+    time.sleep(seconds)
+    with open(log, "a") as out:
+        out.write(f"one {began:.6f} {time.monotonic():.6f} {os.getpid()}\n")
+
+
+@handler(limit_key=lambda site, n: site, rate="2/s")
+@task()
+def rated_per_site(site: str, n: int) -> int:
+    """Two starts a second per site: its key is a function of the task's arguments."""
+    return n

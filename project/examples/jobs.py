@@ -30,7 +30,7 @@ django.setup()  # before importing anything that touches the app's models
 
 from django.core.management import call_command  # noqa: E402
 
-from leases.tasks import Fail, Worker, handler, push  # noqa: E402
+from leases.tasks import Fail, JobWorker, handler, push  # noqa: E402
 from leases.tasks.models import Job, Queue  # noqa: E402
 from leases.tasks.models import Worker as WorkerRow  # noqa: E402
 
@@ -85,7 +85,7 @@ def push_jobs() -> int:
 
 def main() -> None:
     call_command("migrate", verbosity=0)
-    worker = Worker(queues=[QUEUE], concurrency=1, burst=True, poll=0.01)
+    worker = JobWorker(queues=[QUEUE], concurrency=1, burst=True, poll=0.01)
     try:
         delayed = push_jobs()
         # One thread, so the jobs run one at a time in claim order: priority, then run time.

@@ -66,7 +66,7 @@ try:  # Django 6
 except ImportError:  # Django 5.2 with the django-tasks package
     from django_tasks import TaskContext, TaskResult, TaskResultStatus, task
 
-from leases.tasks import Worker  # noqa: E402
+from leases.tasks import JobWorker  # noqa: E402
 from leases.tasks.models import Job, Queue  # noqa: E402
 from leases.tasks.models import Worker as WorkerRow  # noqa: E402
 
@@ -110,7 +110,7 @@ def describe(result: TaskResult) -> str:
 
 def main() -> None:
     call_command("migrate", verbosity=0)
-    worker = Worker(queues=[QUEUE], concurrency=2, burst=True, poll=0.01)
+    worker = JobWorker(queues=[QUEUE], concurrency=2, burst=True, poll=0.01)
     try:
         results = [
             word_count.enqueue("the quick brown fox"),

@@ -30,8 +30,7 @@ from leases.tasks import push_many
 from leases.tasks.models import Job, JobError
 from tests.conftest import Workers, start_lease_run, wait_for
 from tests.galera.conftest import merge, proxy_url, retries_in
-from tests.test_lease_faults import Child
-from tests.test_worker_processes import log_lines
+from tests.helpers import Child, log_lines
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow,
               pytest.mark.usefixtures("fresh_queue_settings")]

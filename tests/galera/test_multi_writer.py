@@ -26,7 +26,7 @@ from leases.tasks import Dispatcher, push_many
 from leases.tasks.models import Job, JobError, PoolTask
 from tests.conftest import Workers
 from tests.galera.conftest import count_retries, merge, node_port, node_url, retries_in
-from tests.test_worker_processes import log_lines
+from tests.helpers import log_lines
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 

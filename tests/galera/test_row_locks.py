@@ -19,9 +19,11 @@ import pytest
 from django.db import connections
 
 import tests.jobs  # noqa: F401 - registers noop, limited, echo (queue "other")
-from leases.tasks import limits, push
+from leases.tasks import push
+from leases.tasks.jobs import limits
+from leases.tasks.jobs.outcomes import Outcome
 from leases.tasks.models import Job, LimitKey
-from leases.tasks.worker import Outcome, Worker
+from leases.tasks.worker import JobWorker
 from tests.galera.conftest import NODES, count_retries
 
 pytestmark = [pytest.mark.django_db(transaction=True, databases=NODES),
@@ -29,7 +31,7 @@ pytestmark = [pytest.mark.django_db(transaction=True, databases=NODES),
 
 
 class Paused:
-    """Runs `Worker(queues, using="node1").claim(n)` in a thread whose first claim stops
+    """Runs `JobWorker(queues, using="node1").claim(n)` in a thread whose first claim stops
     right after its limit decision (`limits.within_limits`: its picked job rows and limit
     keys locked, its blocks written, nothing committed) until `resume()`."""
 
@@ -51,7 +53,7 @@ class Paused:
     def claim(self, queues: list[str], n: int = 1) -> None:
         def run() -> None:
             try:
-                worker = Worker(queues=queues, using="node1")
+                worker = JobWorker(queues=queues, using="node1")
                 worker.register()
                 self.claimed += worker.claim(n)
             except Exception as exc:  # noqa: BLE001 - the test reports it
@@ -69,8 +71,8 @@ class Paused:
         assert not self.thread.is_alive() and not self.errors, self.errors
 
 
-def worker_on(alias: str, queues: list[str]) -> Worker:
-    worker = Worker(queues=queues, using=alias)
+def worker_on(alias: str, queues: list[str]) -> JobWorker:
+    worker = JobWorker(queues=queues, using=alias)
     worker.register()
     return worker
 

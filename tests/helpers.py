@@ -1,0 +1,88 @@
+"""Helpers the tests of several folders share: reading an admin page's table, the lines
+handlers log, a child process that reports on stdout and takes commands on stdin."""
+from __future__ import annotations
+
+import json
+import queue
+import subprocess
+import threading
+from html.parser import HTMLParser
+
+
+class Rows(HTMLParser):
+    """Cells of the changelist table: {column: text, column.title: hover text} per row."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: list[dict[str, str]] = []
+        self.column: str | None = None
+
+    def handle_starttag(self, tag, attrs):
+        classes = (dict(attrs).get("class") or "").split()
+        if tag == "tr":
+            self.rows.append({})
+        elif tag in ("td", "th") and self.rows:
+            self.column = next((c[6:] for c in classes if c.startswith("field-")), None)
+            if self.column:
+                self.rows[-1][self.column] = ""
+        elif self.column and dict(attrs).get("title"):
+            self.rows[-1][self.column + ".title"] = dict(attrs)["title"]
+
+    def handle_endtag(self, tag):
+        if tag in ("td", "th"):
+            self.column = None
+
+    def handle_data(self, data):
+        if self.column:
+            self.rows[-1][self.column] += data
+
+
+def table(response, *key: str) -> dict:
+    """Changelist rows keyed by the text of the `key` columns: {key: {column: text}}."""
+    assert response.status_code == 200
+    html = response.content.decode()
+    start = html.find('id="result_list"')
+    parser = Rows()
+    if start >= 0:
+        parser.feed(html[start : html.index("</table>", start)])
+    found = [{k: v.strip() for k, v in row.items()} for row in parser.rows if key[0] in row]
+    return {row[key[0]] if len(key) == 1 else tuple(row[k] for k in key): row for row in found}
+
+
+def log_lines(path) -> list[tuple[int, int]]:
+    """(n, pid) per handler run recorded in `path`."""
+    if not path.exists():
+        return []
+    return [tuple(int(part) for part in line.split()) for line in path.read_text().splitlines()]
+
+
+class Child:
+    """A child that reports JSON lines on stdout and takes commands on stdin; its log
+    (stderr) is collected for the end."""
+
+    def __init__(self, argv: list[str], env: dict) -> None:
+        pipe = subprocess.PIPE
+        self.proc = subprocess.Popen(argv, env=env, stdin=pipe, stdout=pipe, stderr=pipe, text=True)
+        self.events: queue.Queue[str] = queue.Queue()
+        self.lines: list[str] = []
+        threading.Thread(target=self._drain, args=(self.proc.stdout, self.events.put), daemon=True).start()
+        threading.Thread(target=self._drain, args=(self.proc.stderr, self.lines.append), daemon=True).start()
+
+    @staticmethod
+    def _drain(stream, put) -> None:
+        for line in stream:
+            put(line)
+
+    def next(self, timeout: float) -> dict:
+        try:
+            return json.loads(self.events.get(timeout=timeout))
+        except queue.Empty:
+            raise AssertionError(f"no report within {timeout}s; log so far:\n{self.log()}") from None
+
+    def ask(self, command: str, timeout: float = 10) -> dict:
+        self.proc.stdin.write(command + "\n")
+        self.proc.stdin.flush()
+        return self.next(timeout)
+
+    def log(self) -> str:
+        return "".join(self.lines)

@@ -1,0 +1,391 @@
+"""`manage.py jobs`: what operators type and read, exit codes, one-line errors (exit 2)
+that write nothing, reads whose query count does not grow with the table, and status
+names in the ORM."""
+from __future__ import annotations
+
+import io
+import re
+import subprocess
+import time
+from datetime import timedelta
+
+import pytest
+from django.contrib import admin
+from django.contrib.auth.models import User
+from django.core.management import CommandError, call_command
+from django.db import connection
+from django.test import RequestFactory
+from django.test.utils import CaptureQueriesContext
+
+import tests.jobs  # noqa: F401 - registers noop, boom, refuse, sleepy, echo
+from leases.clock import db_now
+from leases.tasks import push, push_many
+from leases.tasks import queue as jobqueue
+from leases.tasks.models import DispatchWorker, Job, JobError, PoolTask, Queue
+from leases.tasks.worker import JobWorker
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("fresh_queue_settings")]
+
+NAMES = "ready, running, succeeded, failed, dead, cancelled, blocked"
+
+
+def run(*args: str) -> str:
+    out = io.StringIO()
+    call_command("jobs", *args, stdout=out, stderr=io.StringIO())
+    return out.getvalue()
+
+
+def fails(*args: str, code: int = 2) -> str:
+    with pytest.raises(CommandError) as info:
+        run(*args)
+    assert info.value.returncode == code and "\n" not in str(info.value)
+    return str(info.value)
+
+
+def work() -> None:
+    JobWorker(queues=["default"], burst=True, poll=0.01).run()
+
+
+def everything() -> list:
+    return [list(model.objects.order_by("pk").values()) for model in (Job, JobError, Queue)]
+
+
+def make(name: str = "noop", status: int = Job.READY, queue: str = "default", run_in: float = -10,
+         finished_ago: float | None = None, **fields) -> Job:
+    """A job row as the engine leaves it; times in seconds from the database clock."""
+    now = db_now()
+    ended = status in Job.FINISHED
+    if finished_ago is None and ended:
+        finished_ago = 5
+    expires_in = fields.pop("expires_in", 30 if status == Job.RUNNING else None)
+    return Job.objects.create(
+        queue=queue, name=name, key=f"{name}-{Job.objects.count()}", run_at=now + timedelta(seconds=run_in),
+        status=status, enqueued_at=now - timedelta(minutes=5), max_attempts=fields.pop("max_attempts", 3),
+        started_at=now - timedelta(seconds=20) if status != Job.READY else None,
+        finished_at=now - timedelta(seconds=finished_ago) if ended else None,
+        expires_at=None if expires_in is None else now + timedelta(seconds=expires_in), **fields,
+    )
+
+
+def rows(out: str) -> dict[str, list[str]]:
+    """A table's lines by their first cell, split on runs of two or more spaces."""
+    return {cells[0]: cells for cells in (re.split(r"\s{2,}", line) for line in out.splitlines()[1:])}
+
+
+# -- list, show, stats ------------------------------------------------------------------
+
+
+def test_list_is_newest_first_with_statuses_as_the_admin_words_them():
+    done = make(status=Job.SUCCEEDED, attempt=1, worker="w1", run_in=-100)
+    later = make(run_in=7200)
+    retrying = make("boom", attempt=1, run_in=3)
+    lapsed = make("sleepy", Job.RUNNING, attempt=1, worker="w-gone", expires_in=-5, run_in=-100)
+    blocked = make("limited", Job.BLOCKED, queue="other")
+    out = run("list")
+    assert out.splitlines()[0].split() == ["ID", "NAME", "QUEUE", "STATUS", "ATTEMPTS", "RUN", "AT", "WORKER",
+                                           "FINISHED"]
+    listed = rows(out)
+    assert list(listed) == [str(job.pk) for job in (blocked, lapsed, retrying, later, done)]
+    assert listed[str(done.pk)][1:5] == ["noop", "default", "succeeded", "1/3"]
+    assert listed[str(done.pk)][5:7] == ["1m ago", "w1"] and listed[str(done.pk)][7].endswith("Z")
+    assert listed[str(later.pk)][3:6] == ["ready", "0/3", "in 1h"]
+    assert listed[str(retrying.pk)][3:6:2] in (["awaiting retry", "in 1s"], ["awaiting retry", "in 2s"])
+    assert listed[str(lapsed.pk)][3:] == ["running, lease lapsed", "1/3", "1m ago", "w-gone", "-"]
+    assert listed[str(blocked.pk)][2:4] == ["other", "blocked"]
+    assert list(rows(run("list", "--status", "ready"))) == [str(retrying.pk), str(later.pk)]
+    assert list(rows(run("list", "--queue", "other"))) == [str(blocked.pk)]
+    assert list(rows(run("list", "--name", "noop", "--limit", "1"))) == [str(later.pk)]
+    assert run("list", "--status", "dead") == "no jobs\n"
+
+
+def test_show_prints_every_field_payload_result_and_each_attempts_error():
+    job = push("boom", {"n": 7, "note": "caf\u00e9\u202e"}, limit_key="site:a", concurrency=2, rate="10/m")
+    work()
+    out = run("show", str(job.pk))
+    fields = dict(re.split(r"\s{2,}", line, maxsplit=1) for line in out.split("\npayload:")[0].splitlines())
+    assert fields["job"] == f"#{job.pk}" and fields["name"] == "boom" and fields["queue"] == "default"
+    assert [fields[key] for key in ("status", "attempts", "claims", "pushes")] == ["dead", "3/3", "3", "1"]
+    assert (fields["limit key"], fields["concurrency"], fields["rate"]) == ("site:a", "2", "10/m")
+    assert fields["key"] == job.key and fields["pending key"] == "-" and fields["expires"] == "-"
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\dZ \(\d+s ago\)", fields["finished"])
+    assert fields["worker"] == Job.objects.get(pk=job.pk).worker != "" and fields["duration"].endswith("ms")
+    # The payload as JSON; the right-to-left override escaped, the accent kept:
+    assert '\n  {\n    "n": 7,\n    "note": "caf\u00e9\\u202e"\n  }\nresult: -\n' in out
+    errors = rows(out.split("errors (3):\n")[1])
+    assert [cells[:3] for cells in errors.values()] == [[n, "builtins.RuntimeError", "boom 7"] for n in "123"]
+    assert "traceback" not in out
+    traced = run("show", str(job.pk), "--traceback")
+    assert traced.count("traceback:\n  Traceback (most recent call last):") == 3
+    assert "  RuntimeError: boom 7" in traced
+    echo = push("echo", {"a": 1})
+    JobWorker(queues=["other"], burst=True, poll=0.01).run()
+    shown = run("show", str(echo.pk))
+    assert '\nresult:\n  {\n    "echo": {\n      "a": 1\n    }\n  }\nno errors\n' in shown
+    assert re.search(r"^status +succeeded$", shown, re.MULTILINE)
+
+
+def test_stats_counts_per_queue():
+    Queue.objects.create(name="idle", paused=True)
+    for run_in in (-60, -10, 600):
+        make(run_in=run_in)
+    make("limited", Job.BLOCKED)
+    make("sleepy", Job.RUNNING, attempt=1, worker="w")
+    make(status=Job.SUCCEEDED, attempt=1)
+    make(status=Job.SUCCEEDED, attempt=1, finished_ago=50)
+    make(status=Job.SUCCEEDED, attempt=1, finished_ago=7200)  # before the hour
+    make("refuse", Job.FAILED, attempt=1)
+    make("boom", Job.DEAD, attempt=3)
+    make(status=Job.CANCELLED)
+    make("echo", queue="other", run_in=-7300)
+    out = run("stats")
+    assert out.splitlines()[0].split() == ["QUEUE", "WAITING", "BLOCKED", "RUNNING", "DUE", "OLDEST", "DUE",
+                                           "SUCCEEDED/1H", "FAILED/1H", "DEAD/1H", "PAUSED"]
+    assert rows(out) == {
+        "default": ["default", "4", "1", "1", "2", "1m", "2", "1", "1", "no"],
+        "idle": ["idle", "0", "0", "0", "0", "-", "0", "0", "0", "yes"],
+        "other": ["other", "1", "0", "0", "1", "2h", "0", "0", "0", "no"],
+    }
+    assert list(rows(run("stats", "--queue", "other"))) == ["other"]
+    # A queue named in settings.TASKS, with no row and no job yet:
+    assert rows(run("stats", "--queue", "tasks"))["tasks"] == ["tasks", *"0000", "-", *"000", "no"]
+
+
+def test_list_and_stats_queries_do_not_grow_with_jobs():
+    def queries(*args: str) -> int:
+        with CaptureQueriesContext(connection) as captured:
+            run(*args)
+        return len(captured)
+
+    make()
+    make(status=Job.SUCCEEDED)
+    commands = [("list",), ("list", "--status", "ready", "--queue", "default"), ("stats",)]
+    few = [queries(*args) for args in commands]
+    for index in range(60):
+        make(queue=f"q{index % 3}", status=index % 7)
+    assert [queries(*args) for args in commands] == few
+    assert few == [1, 1, 4]  # plus one read of the database clock each, which leases.db makes unseen
+    with CaptureQueriesContext(connection) as captured:
+        run("list", "--status", "failed")
+    select = captured[-1]["sql"]
+    assert "ORDER BY" in select and "LIMIT 50" in select and "COUNT" not in select.upper()
+
+
+def test_stats_reads_no_finished_job_but_those_of_the_last_hour():
+    # Made finished rather than updated: InnoDB counts an index entry an update left behind
+    # until it is purged, and the planner would take the claim index for all but empty.
+    day = db_now() - timedelta(days=1)
+    Job.objects.bulk_create(
+        Job(queue="default", name="noop", key=str(i), run_at=day, status=Job.SUCCEEDED, enqueued_at=day,
+            started_at=day, finished_at=day, attempt=1)
+        for i in range(3000)
+    )
+    push_many([("noop", {"n": i}) for i in range(20)])
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE TABLE leases_tasks_job" if connection.vendor == "mysql" else "ANALYZE")
+        cursor.fetchall()
+    with CaptureQueriesContext(connection) as captured:
+        run("stats")
+    mysql = connection.vendor == "mysql"
+    plans = []
+    with connection.cursor() as cursor:
+        for query in (q["sql"] for q in captured if "leases_tasks_job" in q["sql"]):
+            cursor.execute(("EXPLAIN " if mysql else "EXPLAIN QUERY PLAN ") + query)
+            names = [column[0] for column in cursor.description]
+            plans.append([dict(zip(names, row)) for row in cursor.fetchall()])
+    assert len(plans) == 3
+    for plan in plans:  # a search or range of an index, never a walk of the table or a whole index
+        if mysql:
+            assert [step["type"] for step in plan] in (["range"], ["ref"]), plan
+        else:
+            assert not any(step["detail"].startswith("SCAN leases_tasks_job") for step in plan), plan
+
+
+# -- retry, cancel, discard -------------------------------------------------------------
+
+
+def test_retry_cancel_and_discard_by_id_say_what_they_left_alone():
+    failed = make("refuse", Job.FAILED, attempt=1)
+    dead = make("boom", Job.DEAD, attempt=3)
+    done = make(status=Job.SUCCEEDED, attempt=1)
+    running = make("sleepy", Job.RUNNING, attempt=1)
+    waiting = make(run_in=600)
+    assert run("retry", str(failed.pk), str(dead.pk), str(done.pk), str(failed.pk)) == (
+        "retried 2 of 3 (1 not failed, dead or cancelled)\n"
+    )
+    assert {Job.objects.get(pk=failed.pk).status, Job.objects.get(pk=dead.pk).status} == {Job.READY}
+    cancelled = run("cancel", str(waiting.pk), str(running.pk), "99999")
+    assert cancelled == "cancelled 1 of 3 (1 not waiting; 1 not found)\n"
+    assert Job.objects.get(pk=waiting.pk).status == Job.CANCELLED
+    JobError.objects.create(job=dead, attempt=1, exception="x.Y", message="m", at=db_now())
+    assert run("discard", str(dead.pk), str(running.pk)) == "discarded 1 of 2 (1 running)\n"
+    assert not Job.objects.filter(pk=dead.pk).exists() and not JobError.objects.exists()
+    quiet = io.StringIO()
+    call_command("jobs", "retry", str(waiting.pk), verbosity=0, stdout=quiet)
+    assert quiet.getvalue() == "" and Job.objects.get(pk=waiting.pk).status == Job.READY
+
+
+def test_the_status_forms_work_through_every_batch():
+    push_many([("noop", {"n": i}, {"delay": 600}) for i in range(1203)])
+    push("echo", {}, delay=600)
+    assert run("cancel", "--queue", "default", "--status", "ready") == "cancelled 1203 of 1203\n"
+    assert Job.objects.filter(status="ready").get().queue == "other"
+    assert run("retry", "--status", "cancelled", "--queue", "other") == "retried 0 of 0\n"
+    assert run("retry", "--status", "cancelled") == "retried 1203 of 1203\n"
+    assert Job.objects.filter(status="ready").count() == 1204
+    old = list(Job.objects.filter(queue="default").order_by("pk").values_list("pk", flat=True)[:700])
+    Job.objects.filter(pk__in=old).update(enqueued_at=db_now() - timedelta(days=8))
+    assert run("discard", "--status", "ready", "--older-than", "7d") == "discarded 700 of 700\n"
+    assert run("discard", "--status", "ready", "--queue", "default") == "discarded 503 of 503\n"
+    assert list(Job.objects.values_list("name", flat=True)) == ["echo"]
+
+
+def test_a_batch_walk_takes_each_job_once_even_when_it_fails_again_at_once():
+    failed = [make("refuse", Job.FAILED).pk for _ in range(5)]
+    taken = []
+    for batch in jobqueue.select_batches("failed", size=2):
+        taken += batch
+        jobqueue.retry(batch)
+        Job.objects.filter(pk__in=batch).update(status="failed")  # as a fast worker would
+    assert taken == failed
+
+
+def test_discard_older_than_reads_finished_jobs_by_when_they_finished():
+    fresh = make(status=Job.SUCCEEDED, finished_ago=60)
+    make(status=Job.SUCCEEDED, finished_ago=3 * 3600)
+    failed = make("refuse", Job.FAILED, finished_ago=3 * 3600)
+    assert run("discard", "--status", "succeeded", "--older-than", "2h") == "discarded 1 of 1\n"
+    assert set(Job.objects.values_list("pk", flat=True)) == {fresh.pk, failed.pk}
+
+
+# -- wait -------------------------------------------------------------------------------
+
+
+def test_wait_exits_0_when_the_job_succeeds_meanwhile(processes):
+    job = push("sleepy", {"seconds": 0.2})
+
+    def later() -> None:
+        time.sleep(1)
+        work()
+
+    processes.start(later)
+    started = time.monotonic()
+    assert run("wait", str(job.pk)) == f"job #{job.pk} succeeded\n"
+    assert 0.9 < time.monotonic() - started < 20
+    processes.join_all()
+
+
+def test_wait_exits_1_with_the_last_error_and_75_on_timeout():
+    dead = push("boom", {"n": 3})
+    refused = push("refuse", {})
+    work()
+    assert fails("wait", str(dead.pk), code=1) == (
+        f"job #{dead.pk} dead: builtins.RuntimeError: boom 3 (attempt 3)"
+    )
+    assert fails("wait", str(refused.pk), code=1) == (
+        f"job #{refused.pk} failed: leases.exceptions.Fail: bad payload (attempt 1)"
+    )
+    cancelled = make(status=Job.CANCELLED)
+    assert fails("wait", str(cancelled.pk), code=1) == f"job #{cancelled.pk} cancelled"
+    later = make(run_in=600)
+    started = time.monotonic()
+    assert fails("wait", str(later.pk), "--timeout", "0.6s", code=75) == (
+        f"job #{later.pk} is still ready after 0.6s"
+    )
+    assert 0.6 <= time.monotonic() - started < 5
+
+
+# -- bad input --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (("list", "--status", "broken"), f"--status must be one of {NAMES}, not 'broken'"),
+        (("list", "--status", "Failed"), "--status must be one of"),
+        (("list", "--limit", "0"), "--limit must be a whole number from 1 to 10000, not '0'"),
+        (("list", "--limit", "lots"), "--limit must be a whole number"),
+        (("list", "--limit", "10001"), "--limit must be a whole number"),
+        (("show", "abc"), "a job id is a whole number from 1 to 9223372036854775807, not 'abc'"),
+        (("show", "-3"), "a job id is a whole number"),
+        (("show", "99999"), "no job #99999"),
+        (("stats", "--queue", "ghost"), "no queue named 'ghost' (known: "),
+        (("retry", "KEEP", "1.5"), "a job id is a whole number from 1 to 9223372036854775807, not '1.5'"),
+        (("retry", "KEEP", "\u0661"), "not '\u0661'"),
+        (("retry", "99999999999999999999"), "a job id is a whole number"),
+        (("retry",), "retry: give job ids, or --status (failed or dead or cancelled)"),
+        (("retry", "KEEP", "--status", "failed"), "retry: give job ids or --status, not both"),
+        (("retry", "--status", "ready"), "retry --status must be failed or dead or cancelled, not 'ready'"),
+        (("retry", "--status", "nope"), f"--status must be one of {NAMES}, not 'nope'"),
+        (("cancel", "--status", "ready"), "cancel --status needs --queue"),
+        (("cancel", "--status", "failed", "--queue", "default"), "cancel --status must be ready or blocked"),
+        (("discard", "--status", "running"), "discard --status must be ready or succeeded or failed"),
+        (("discard", "KEEP", "--older-than", "1d"), "discard: give job ids or --status, not both"),
+        (("discard", "--status", "ready", "--older-than", "soon"), "--older-than: not a duration: 'soon'"),
+        (("discard", "--status", "ready", "--older-than", "0d"), "--older-than: duration must be > 0"),
+        (("discard", "--status", "ready", "--older-than", "7"), "--older-than: '7' needs a unit: 7s, 7m, 7h"),
+        (("wait", "x1"), "a job id is a whole number"),
+        (("wait", "KEEP", "--timeout", "-1"), "--timeout: duration must be > 0"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(args, message):
+    kept = make(status=Job.CANCELLED)
+    make(run_in=600)
+    before = everything()
+    assert message in fails(*[str(kept.pk) if arg == "KEEP" else arg for arg in args])
+    assert everything() == before
+
+
+def test_the_command_line(manage, child_env):
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        argv = [*manage, "jobs", *args]
+        return subprocess.run(argv, env=child_env, capture_output=True, text=True, timeout=60, check=False)
+
+    job = make(run_in=600)
+    bad = cli("retry", str(job.pk), "12x")
+    assert bad.returncode == 2 and bad.stdout == ""
+    assert bad.stderr.splitlines() == [
+        "CommandError: a job id is a whole number from 1 to 9223372036854775807, not '12x'"
+    ]
+    waited = cli("wait", str(job.pk), "--timeout", "0.5")
+    assert waited.returncode == 75
+    assert waited.stderr == f"CommandError: job #{job.pk} is still ready after 0.5s\n"
+    assert (cli("cancel", str(job.pk)).returncode, Job.objects.get(pk=job.pk).status) == (0, Job.CANCELLED)
+    listed = cli("list")
+    assert listed.returncode == 0 and rows(listed.stdout)[str(job.pk)][3] == "cancelled"
+
+
+# -- status names in the ORM ------------------------------------------------------------
+
+
+def test_status_names_work_in_orm_lookups_and_numbers_still_do():
+    ready, blocked = make(), make("limited", Job.BLOCKED)
+    failed, dead = make("refuse", Job.FAILED), make("boom", Job.DEAD)
+
+    def pks(**lookup) -> set[int]:
+        return set(Job.objects.filter(**lookup).values_list("pk", flat=True))
+
+    assert pks(status="failed") == pks(status=Job.FAILED) == pks(status="3") == {failed.pk}
+    assert pks(status__in=["ready", "blocked"]) == pks(status__in=Job.WAITING) == {ready.pk, blocked.pk}
+    assert pks(status__in=["dead", Job.FAILED]) == {failed.pk, dead.pk}
+    others = {blocked.pk, failed.pk, dead.pk}
+    assert set(Job.objects.exclude(status="ready").values_list("pk", flat=True)) == others
+    statuses = Job.objects.order_by("pk").values_list("status", flat=True)
+    assert list(statuses) == [Job.READY, Job.BLOCKED, Job.FAILED, Job.DEAD]
+    assert Job.objects.filter(pk=ready.pk).update(status="cancelled") == 1
+    assert Job.objects.get(pk=ready.pk).status == Job.CANCELLED
+    with pytest.raises(ValueError, match=f"unknown job status 'finished': use one of {NAMES}"):
+        list(Job.objects.filter(status="finished"))
+
+
+def test_the_admins_status_filter_still_takes_numbers():
+    make("refuse", Job.FAILED)
+    dead = make("boom", Job.DEAD)
+    request = RequestFactory().get("/", {"status__exact": str(Job.DEAD)})
+    request.user = User.objects.create_superuser("root", "root@example.com", None)
+    changelist = admin.site.get_model_admin(Job).get_changelist_instance(request)
+    assert list(changelist.get_queryset(request).values_list("pk", flat=True)) == [dead.pk]
+
+
+def test_the_dispatcher_models_read_as_the_dispatchers_in_the_admin():
+    assert PoolTask._meta.verbose_name == "dispatcher task"
+    assert DispatchWorker._meta.verbose_name == "dispatcher worker"
