@@ -4,7 +4,7 @@ Each worker process loops `assign_tasks(limit, worker)` then `tasks_done(worker)
 every call claims `limit` fresh tasks, for a fixed time. Three variants side by side:
   raw     the same statements as plain SQL on a bare DB-API connection;
   api     the dispatcher as shipped (row locks, SKIP LOCKED where the server has it);
-  locked  the seed's design: the same calls serialised by one dispatcher-wide SQL lock.
+  locked  the Redis design's: the same calls serialised by one dispatcher-wide SQL lock.
 Also: the load rate of the pool and the single-call latency of assign_tasks.
 
     python bench/dispatch.py [--tasks 1000000] [--seconds 3] [--procs 1,4,8] [--limit 100]

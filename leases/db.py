@@ -63,6 +63,9 @@ class Dialect:
     new: str
     #: Layout of datetimes as the database stores them, for parameters compared in SQL.
     stored_datetime: Callable[[datetime], Any]
+    #: Whole steps of %s seconds from a moment (the first %s) to `{col}`, for columns at or
+    #: after that moment (so truncating toward zero is the floor): a time axis's bars.
+    steps: str
 
 
 _MYSQL = Dialect(
@@ -76,6 +79,7 @@ _MYSQL = Dialect(
     upsert="ON DUPLICATE KEY UPDATE",
     new="VALUES({col})",
     stored_datetime=lambda dt: dt.astimezone(timezone.utc).replace(tzinfo=None),
+    steps="FLOOR(TIMESTAMPDIFF(MICROSECOND, %s, {col}) / (%s * 1000000))",
 )
 
 _SQLITE = Dialect(
@@ -90,6 +94,7 @@ _SQLITE = Dialect(
     upsert="ON CONFLICT ({keys}) DO UPDATE SET",
     new="excluded.{col}",
     stored_datetime=lambda dt: dt.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f"),
+    steps="CAST((julianday({col}) - julianday(%s)) * 86400 / %s AS INTEGER)",
 )
 
 DIALECTS = {"mysql": _MYSQL, "sqlite": _SQLITE}

@@ -164,7 +164,8 @@ def register(kind: str, templates: dict[str, str], tables: dict[str, str],
     `tables` maps placeholders to models ("app_label.Model"); `names` maps placeholders to
     Django choices, whose members the templates name: {job.ready} is JobStatus.READY as
     an SQL literal. Besides those, templates may use the dialect's fragments: {now},
-    {later}, {random}, {skip_locked}, {for_update}, {upsert[conflict columns]} and {new[col]}.
+    {later}, {random}, {skip_locked}, {for_update}, {upsert[conflict columns]}, {new[col]}
+    and {steps[col]} (a time axis's bar of a column: params its start, its step in seconds).
     """
     _KINDS[kind] = (templates, tables, names or {})
 
@@ -217,6 +218,7 @@ def _build(kind: str, vendor: str, skip_locked: str, quote: Any) -> SimpleNamesp
         "for_update": "" if vendor == "sqlite" else " FOR UPDATE",
         "upsert": _Pattern(dialect.upsert, "keys"),
         "new": _Pattern(dialect.new, "col"),
+        "steps": _Pattern(dialect.steps, "col"),
         **{key: quote(apps.get_model(label)._meta.db_table) for key, label in tables.items()},
         **{key: _literals(choices) for key, choices in names.items()},
     }

@@ -66,6 +66,8 @@ PIPELINE = {
     # -- the advance event's steps, once per stage of every run --
     # The run's lock: a write (see store.locked). params: run id
     "lock_run": "UPDATE {r} SET revision = revision + 1 WHERE id = %s",
+    # A run's row, completed with its columns (see store.load). params: run id
+    "run_by_id": "FROM {r} WHERE id = %s",
     # A run's stages, in definition order; completed with the columns. params: run id
     "run_stages": "FROM {s} WHERE run_id = %s ORDER BY position",
     # A stage's tasks were made: it runs. params: total, pending, waiting, queued_at, stage id

@@ -62,8 +62,7 @@ def locked(run_id: int, using: str) -> Run | None:
         cursor.execute(sql.pipeline(connection).lock_run, [run_id])
         if cursor.rowcount != 1:
             return None
-    table = connection.ops.quote_name(Run._meta.db_table)
-    found = load(Run, using, f"FROM {table} WHERE id = %s", [run_id], leave_out=("definition", "context"))
+    found = load(Run, using, sql.pipeline(connection).run_by_id, [run_id], leave_out=("definition", "context"))
     return found[0] if found else None
 
 

@@ -4,7 +4,7 @@ A dispatcher has a pool of scored task ids and a bucket per worker. One table ro
 task says where it is (pool, the bucket of one worker, or done), so a task can never be
 in two buckets, or in a bucket and the pool at once, and nothing is lost between them.
 
-Concurrency: row locks, not the seed's dispatcher-wide lock. A worker's claim is one
+Concurrency: row locks, not one dispatcher-wide lock (the Redis design this replaces). A worker's claim is one
 short transaction, ``SELECT ... ORDER BY score LIMIT n FOR UPDATE SKIP LOCKED`` then an
 UPDATE of the rows it got, so workers claim side by side instead of queueing on one
 lock (bench/dispatch.py measures both). Rebuilds take the named lock

@@ -51,16 +51,11 @@ from leases.ops.charts import (
 )
 from leases.ops.readings import WINDOW
 
+from . import sql
 from .models import DispatchWorker, Job, PoolTask, Queue, TaskPool
 
 #: One colour per queue in the depth charts, busiest first; the last is for the rest.
 QUEUE_COLOURS = ("#4a7fd0", "#9b59b6", "#17a2b8", "#d08700", "#8d6e63", "#7a7a7a")
-#: Whole steps of %s seconds from the window's start (%s) to a column, per vendor. Only
-#: columns at or after the start are passed, so truncating toward zero is the floor.
-_STEPS = {
-    "sqlite": "CAST((julianday({col}) - julianday(%s)) * 86400 / %s AS INTEGER)",
-    "mysql": "FLOOR(TIMESTAMPDIFF(MICROSECOND, %s, {col}) / (%s * 1000000))",
-}
 
 
 # -- readings ---------------------------------------------------------------------------
@@ -155,10 +150,6 @@ def dispatcher_sizes(using: str | None = None) -> dict[str, dict[str, int]]:
     return {row["name"]: {key: row[key] for key in ("pool", "bucket", "workers")} for row in rows}
 
 
-def _steps(vendor: str, column: str) -> str:
-    return _STEPS[vendor].format(col=column)
-
-
 def finished_per_bar(window: Window, now: datetime, using: str) -> dict[tuple[str, int], list[int]]:
     """(queue, status): jobs that succeeded, failed or died in each bar of `window`. One
     grouped query over the finished_at index (a closed range, which SQLite's planner
@@ -167,13 +158,9 @@ def finished_per_bar(window: Window, now: datetime, using: str) -> dict[tuple[st
     stored = db.dialect(connection).stored_datetime
     start, end = stored(now - window.span), stored(now)
     seconds = int(window.step.total_seconds())
-    sql = (
-        f"SELECT queue, status, {_steps(connection.vendor, 'finished_at')} AS bar, COUNT(*)"
-        f" FROM {db.table(Job, connection)} WHERE finished_at BETWEEN %s AND %s GROUP BY queue, status, bar"
-    )
     found: dict[tuple[str, int], list[int]] = defaultdict(lambda: [0] * window.bars)
     with connection.cursor() as cursor:
-        cursor.execute(sql, (start, seconds, start, end))
+        cursor.execute(sql.readings(connection).finished_per_bar, (start, seconds, start, end))
         for queue, status, bar, n in cursor.fetchall():
             if status in (Job.SUCCEEDED, Job.FAILED, Job.DEAD):
                 found[queue, status][min(int(bar), window.bars - 1)] += n
@@ -193,22 +180,10 @@ def waiting_per_bar(window: Window, now: datetime, using: str) -> dict[str, list
     stored = db.dialect(connection).stored_datetime
     start, end = stored(now - window.span), stored(now)
     seconds = int(window.step.total_seconds())
-    left = "COALESCE(started_at, finished_at)"
-    columns = (
-        f"SELECT queue, CASE WHEN enqueued_at < %s THEN 0 ELSE {_steps(connection.vendor, 'enqueued_at')} END"
-        f" AS entered, CASE WHEN status IN (%s, %s) THEN %s WHEN {left} < %s THEN 0"
-        f" ELSE {_steps(connection.vendor, left)} END AS gone FROM {db.table(Job, connection)}"
-    )
-    params = (start, start, seconds, Job.READY, Job.BLOCKED, window.bars, start, start, seconds)
-    sql = (
-        f"SELECT queue, entered, gone, COUNT(*) FROM ({columns} WHERE status IN (%s, %s, %s)"
-        f" UNION ALL {columns} WHERE finished_at BETWEEN %s AND %s) AS waits"
-        " GROUP BY queue, entered, gone"
-    )
-    unfinished = (Job.READY, Job.BLOCKED, Job.RUNNING)
+    params = (start, start, seconds, window.bars, start, start, seconds)
     changes: dict[str, list[int]] = defaultdict(lambda: [0] * (window.bars + 1))
     with connection.cursor() as cursor:
-        cursor.execute(sql, (*params, *unfinished, *params, start, end))
+        cursor.execute(sql.readings(connection).waits_per_bar, (*params, *params, start, end))
         for queue, entered, gone, n in cursor.fetchall():
             entered, gone = int(entered), min(int(gone), window.bars)
             if gone > entered:

@@ -1,4 +1,4 @@
-"""What a job's name stands for: its handler (the seed's strategy pattern), and what apps
+"""What a job's name stands for: its handler (a strategy per name), and what apps
 register beside handlers.
 
 A handler is registered with `@handler(name, ...)` in an installed app's ``handlers``

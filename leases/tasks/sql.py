@@ -324,12 +324,37 @@ DISPATCH = {
     "counts": "SELECT state, COUNT(*) FROM {t} WHERE dispatcher = %s GROUP BY state",
 }
 
+# What the operators' dashboard reads of the jobs (see leases.tasks.readings).
+_LEFT = "COALESCE(started_at, finished_at)"
+_ENTERED_AND_LEFT = (
+    "SELECT queue, CASE WHEN enqueued_at < %s THEN 0 ELSE {steps[enqueued_at]} END AS entered,"
+    " CASE WHEN status IN ({job.ready}, {job.blocked}) THEN %s WHEN " + _LEFT + " < %s THEN 0"
+    " ELSE {steps[" + _LEFT + "]} END AS gone FROM {j}"
+)
+READINGS = {
+    # Jobs that finished in each bar of a window, through the finished_at index (a closed
+    # range, which SQLite's planner takes). params: start, step, start, end
+    "finished_per_bar": (
+        "SELECT queue, status, {steps[finished_at]} AS bar, COUNT(*) FROM {j}"
+        " WHERE finished_at BETWEEN %s AND %s GROUP BY queue, status, bar"
+    ),
+    # The bar each job in reach entered and left the queue: unfinished jobs through the
+    # claim index, and jobs that ended within the window through finished_at. params:
+    # start, start, step, bars, start, start, step; the same again; start, end
+    "waits_per_bar": (
+        "SELECT queue, entered, gone, COUNT(*) FROM (" + _ENTERED_AND_LEFT
+        + " WHERE status IN ({job.ready}, {job.blocked}, {job.running}) UNION ALL " + _ENTERED_AND_LEFT
+        + " WHERE finished_at BETWEEN %s AND %s) AS waits GROUP BY queue, entered, gone"
+    ),
+}
+
 _JOB = "leases_tasks.Job"
 register("job", JOBS, {"j": _JOB, "e": "leases_tasks.JobError", "q": "leases_tasks.Queue"}, {"job": JobStatus})
 register("worker", WORKERS, {"w": "leases_tasks.Worker"})
 register("limits", LIMITS, {"k": "leases_tasks.LimitKey", "j": _JOB}, {"job": JobStatus})
 register("schedule", SCHEDULES, {"r": "leases_tasks.ScheduleRun", "s": "leases_tasks.Schedule", "j": _JOB},
          {"job": JobStatus, "run": RunStatus})
+register("readings", READINGS, {"j": _JOB}, {"job": JobStatus})
 register("dispatch", DISPATCH, {"t": "leases_tasks.PoolTask", "w": "leases_tasks.DispatchWorker",
                                 "p": "leases_tasks.TaskPool"}, {"task": TaskState})
 
@@ -349,6 +374,10 @@ def limits(connection: Any) -> SimpleNamespace:
 
 def schedules(connection: Any) -> SimpleNamespace:
     return statements(connection, "schedule")
+
+
+def readings(connection: Any) -> SimpleNamespace:
+    return statements(connection, "readings")
 
 
 def dispatch(connection: Any) -> SimpleNamespace:

@@ -4,7 +4,7 @@ and ends nothing a worker still runs."""
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from leases import db
 from leases.sql import in_list
@@ -17,45 +17,51 @@ from .outcomes import follow_ups
 CHUNK = 500
 
 
-def _chunks(ids: Sequence[int]) -> Iterable[list[int]]:
+def _by_chunks(ids: Sequence[int], act: Callable[[Any, Any, list[int]], int], using: str | None,
+               locking: bool = True) -> int:
+    """`act(cursor, statements, chunk)` for each CHUNK of `ids`, a transaction each (on
+    SQLite an immediate one when it reads before it writes); the sum of what it returns."""
     ids = list(ids)
+    done = 0
     for start in range(0, len(ids), CHUNK):
-        yield ids[start : start + CHUNK]
+        chunk = ids[start : start + CHUNK]
+
+        def work(cursor: Any, resumed: bool, chunk: list[int] = chunk) -> int:
+            if not locking:
+                return act(cursor, sql.jobs(cursor.db), chunk)
+            with db.write_transaction(cursor.db.alias):
+                return act(cursor, sql.jobs(cursor.db), chunk)
+
+        done += db.run(work, using)
+    return done
 
 
 def cancel(ids: Sequence[int], using: str | None = None) -> int:
-    """Cancel waiting jobs (running ones are left to finish); returns how many."""
-    cancelled = 0
-    for chunk in _chunks(ids):
+    """Cancel waiting jobs (running ones are left to finish); returns how many. The rows are
+    locked first, so their on_finish jobs are queued for exactly the rows cancelled."""
 
-        def work(cursor: Any, resumed: bool, chunk: list[int] = chunk) -> int:
-            st = sql.jobs(cursor.db)
-            with db.write_transaction(cursor.db.alias):
-                cursor.execute(st.cancellable + in_list(chunk) + db.for_update(cursor.db), chunk)
-                rows = cursor.fetchall()
-                if not rows:
-                    return 0
-                doomed = [row[0] for row in rows]
-                cursor.execute(st.cancel + in_list(doomed), doomed)
-                count = cursor.rowcount
-                follow_ups(cursor, rows)
-                return count
+    def act(cursor: Any, st: Any, chunk: list[int]) -> int:
+        cursor.execute(st.cancellable + in_list(chunk) + db.for_update(cursor.db), chunk)
+        rows = cursor.fetchall()
+        if not rows:
+            return 0
+        doomed = [row[0] for row in rows]
+        cursor.execute(st.cancel + in_list(doomed), doomed)
+        count = cursor.rowcount
+        follow_ups(cursor, rows)
+        return count
 
-        cancelled += db.run(work, using)
-    return cancelled
+    return _by_chunks(ids, act, using)
 
 
 def retry(ids: Sequence[int], using: str | None = None) -> int:
     """Give failed, dead or cancelled jobs one more attempt, now; returns how many."""
-    changed = 0
-    for chunk in _chunks(ids):
 
-        def work(cursor: Any, resumed: bool, chunk: list[int] = chunk) -> int:
-            cursor.execute(sql.jobs(cursor.db).run_again + in_list(chunk), chunk)
-            return cursor.rowcount
+    def act(cursor: Any, st: Any, chunk: list[int]) -> int:
+        cursor.execute(st.run_again + in_list(chunk), chunk)
+        return cursor.rowcount
 
-        changed += db.run(work, using)
-    return changed
+    return _by_chunks(ids, act, using, locking=False)
 
 
 def discard(ids: Sequence[int], using: str | None = None) -> int:
@@ -65,25 +71,20 @@ def discard(ids: Sequence[int], using: str | None = None) -> int:
     The deletable rows are locked first, so a job a worker claims meanwhile keeps its
     error history along with its row.
     """
-    deleted = 0
-    for chunk in _chunks(ids):
 
-        def work(cursor: Any, resumed: bool, chunk: list[int] = chunk) -> int:
-            st = sql.jobs(cursor.db)
-            with db.write_transaction(cursor.db.alias):
-                cursor.execute(st.discardable + in_list(chunk) + db.for_update(cursor.db), chunk)
-                rows = cursor.fetchall()
-                doomed = [row[0] for row in rows]
-                if not doomed:
-                    return 0
-                cursor.execute(st.delete_errors + in_list(doomed), doomed)
-                cursor.execute(st.discard + in_list(doomed), doomed)
-                count = cursor.rowcount
-                follow_ups(cursor, [(job_id, queue, then) for job_id, status, queue, then in rows if status in Job.WAITING])
-                return count
+    def act(cursor: Any, st: Any, chunk: list[int]) -> int:
+        cursor.execute(st.discardable + in_list(chunk) + db.for_update(cursor.db), chunk)
+        rows = cursor.fetchall()
+        doomed = [row[0] for row in rows]
+        if not doomed:
+            return 0
+        cursor.execute(st.delete_errors + in_list(doomed), doomed)
+        cursor.execute(st.discard + in_list(doomed), doomed)
+        count = cursor.rowcount
+        follow_ups(cursor, [(job_id, queue, then) for job_id, status, queue, then in rows if status in Job.WAITING])
+        return count
 
-        deleted += db.run(work, using)
-    return deleted
+    return _by_chunks(ids, act, using)
 
 
 def select_batches(

@@ -18,7 +18,7 @@ def dump_payload(payload: Any, what: str = "payload") -> str:
 
 
 def default_key(name: str, payload_json: str) -> str:
-    """The seed's message hash: equal name and payload, equal key."""
+    """A hash of the message: equal name and payload, equal key."""
     return hashlib.sha256(f"{name}\n{payload_json}".encode()).hexdigest()
 
 

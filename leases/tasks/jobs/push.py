@@ -5,7 +5,7 @@ backend, the follow-up of a job that ended), the job is made by `new_job`, from 
 settings of its handler (queue, attempts, limits; backoff and timeout are read from the
 handler when it runs), and written by `write`, so a handler's settings apply whoever
 enqueues it. A push is one upsert: a job whose key (default: a hash of name and payload)
-is already waiting is not queued twice; it only takes the new run time (the seed's
+is already waiting is not queued twice; it only takes the new run time (a
 reschedule). The run time is the server clock plus the delay, computed in the statement.
 A push inside a transaction is seen by workers when it commits.
 """
@@ -292,7 +292,7 @@ def _submit_batches(jobs: Sequence[NewJob], using: str) -> int:
 
 
 class _Buffer:
-    """The seed's buffer queue: jobs a full queue refused, kept in this process.
+    """The buffer queue: jobs a full queue refused, kept in this process.
 
     A daemon thread retries them as room appears and drops (with an error in the log)
     what is still here after the queue's full_timeout. They live in memory only: a job

@@ -125,15 +125,21 @@ def unschedule(name: str, using: str | None = None) -> bool:
     return deleted > 0
 
 
+def locked(name: str, using: str) -> Schedule:
+    """The schedule `name`, its row locked for the caller's transaction; ValueError if none."""
+    row = Schedule.objects.using(using).select_for_update().filter(name=name).first()
+    if row is None:
+        raise ValueError(f"no schedule named {name!r}")
+    return row
+
+
 def set_enabled(name: str, enabled: bool, using: str | None = None) -> bool:
     """Enable (its next tick counted from now) or disable a schedule; False if unchanged."""
     using = db.alias(using)
 
     def work(cursor: Any, resumed: bool) -> bool:
         with db.write_transaction(using):
-            row = Schedule.objects.using(using).select_for_update().filter(name=name).first()
-            if row is None:
-                raise ValueError(f"no schedule named {name!r}")
+            row = locked(name, using)
             if row.enabled == enabled:
                 return False
             now = clock.now(cursor)

@@ -25,6 +25,7 @@ from .. import registry, sql
 from ..jobs.outcomes import last_errors
 from ..jobs.push import JobDefaults, NewJob, ids_by_key, new_job, write
 from ..models import Job, Schedule, ScheduleRun
+from .define import locked
 from .timing import Timing
 
 log = logging.getLogger("leases.tasks.scheduler")
@@ -147,9 +148,7 @@ def fire_now(name: str, using: str | None = None) -> ScheduleRun:
 
     def work(cursor: Any, resumed: bool) -> ScheduleRun:
         with db.write_transaction(using):
-            row = Schedule.objects.using(using).select_for_update().filter(name=name).first()
-            if row is None:
-                raise ValueError(f"no schedule named {name!r}")
+            row = locked(name, using)
             now = clock.now(cursor)
             row.fires += 1
             Schedule.objects.using(using).filter(pk=row.pk).update(fires=row.fires)

@@ -2,7 +2,7 @@
 
 One main thread talks to the database, through the stages of `leases.tasks.jobs`;
 `concurrency` threads run handlers (`threads`). The main thread claims only as many jobs
-as there are free threads (the seed's control tokens) and writes the outcomes of finished
+as there are free threads (a control token per thread) and writes the outcomes of finished
 jobs in one transaction per turn. Between claims it does its duties on their timers: the
 heartbeat (its row's lease and its jobs'), recovery of other workers' lapsed jobs, trims
 of finished runs, and, if it leads, the scheduler's passes.
