@@ -381,7 +381,9 @@ def spread(values: list[float]) -> str:
     return f"{(max(values) - min(values)) / statistics.median(values) * 100:.0f}%"
 
 
-def main() -> None:
+def parse_args() -> tuple[argparse.Namespace, list[int]]:
+    """The options, and the process counts of the main runs (checked here, so a typo
+    fails before the bench fills any table)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=5.0, help="measured time per run (5)")
     parser.add_argument("--warmup", type=float, default=0.5, help="warm-up per run (0.5)")
@@ -397,77 +399,89 @@ def main() -> None:
     procs_list = [int(p) for p in args.procs.split(",") if p.strip()]
     if not procs_list or min(procs_list) < 1 or args.repeat < 1 or args.seconds <= 0:
         parser.error("need --procs >= 1, --repeat >= 1 and --seconds > 0")
+    return args, procs_list
 
+
+def check_database() -> str:
+    """Migrate, and refuse a database the raw statements are not written for; the vendor."""
     call_command("migrate", verbosity=0, interactive=False)
     vendor_ = vendor()
     if vendor_ not in RAW_SQL:
         raise SystemExit(f"no raw SQL for {vendor_!r}: use a mysql:// or sqlite:/// DATABASE_URL")
     assert Resource._meta.db_table == "leases_resource", "the raw statements name the table"
+    return vendor_
 
+
+def make_pools() -> tuple[str, str]:
+    """The main runs' pools (BIG_POOL and SMALL_POOL resources), named for this run so
+    that they never meet another bench's rows."""
     tag = f"bench-{os.getpid()}-{secrets.token_hex(3)}"
     big, small = f"{tag}-{BIG_POOL}", f"{tag}-{SMALL_POOL}"
     Pool(big).add_many((f"r{i:03d}", {"n": i}) for i in range(BIG_POOL))
     Pool(small).add_many((f"r{i:03d}", {"n": i}) for i in range(SMALL_POOL))
-    version = database_version(flush=False)
-    policy = commit_policy()
-    cores = os.cpu_count()
+    return big, small
 
-    configs = [(p, big, 0.0) for p in procs_list]
-    if not args.no_contended:
-        configs.append((CONTENDED_PROCS, small, WAIT))
 
-    print(f"database: {version} ({vendor_}), {policy}; pools {big} and {small}", flush=True)
+def busy_text(busy: float | None) -> str:
+    """The CPU other jobs used before the first run, as the reports put it ('' if unknown)."""
+    return f"{busy:.1f} cores busy over 1 s before the first run, " if busy is not None else ""
+
+
+def print_machine(vendor_: str, cores: int | None, args: argparse.Namespace) -> tuple[float, float | None]:
+    """Print the machine's state and the runs' settings; returns the load average and the
+    busy cores measured before the first run, which the end of the report compares."""
     sharing = "with each other" if vendor_ == "sqlite" else "with each other and the database server"
     load_start = os.getloadavg()[0]
     busy = busy_cores()
-    busy_text = f"{busy:.1f} cores busy over 1 s before the first run, " if busy is not None else ""
     print(f"machine: {cores} cores, so runs with more processes than cores share the CPU {sharing}; "
-          f"{busy_text}load average {load_start:.2f} (other jobs skew results)", flush=True)
+          f"{busy_text(busy)}load average {load_start:.2f} (other jobs skew results)", flush=True)
     print(f"each run: {args.warmup:g}s warm-up, {args.seconds:g}s measured; "
           f"raw and api interleaved (ABBA), median of {args.repeat}", flush=True)
+    return load_start, busy
 
-    rows = []
-    try:
-        for procs, pool, wait in configs:
-            samples: dict[str, list[dict]] = {"raw": [], "api": []}
-            for i in range(args.repeat):
-                # ABBA: raw, api, api, raw, ... so a steady drift of the load cancels out
-                for mode in ("raw", "api") if i % 2 == 0 else ("api", "raw"):
-                    samples[mode].append(run_once(mode, pool, procs, wait, args.warmup, args.seconds))
-            raw = [s["pairs_per_s"] for s in samples["raw"]]
-            api = [s["pairs_per_s"] for s in samples["api"]]
-            raw_cpu = [s["cpu_us_per_pair"] for s in samples["raw"]]
-            api_cpu = [s["cpu_us_per_pair"] for s in samples["api"]]
-            label = f"{procs}" if pool == big else f"{procs} (pool {SMALL_POOL}, wait {wait:g}s)"
-            row = {
-                "procs": procs,
-                "pool_size": BIG_POOL if pool == big else SMALL_POOL,
-                "wait": wait,
-                "label": label,
-                "raw_pairs_per_s": median(raw),
-                "api_pairs_per_s": median(api),
-                "ratio": median(api) / median(raw) if median(raw) else float("nan"),
-                "raw_cpu_us_per_pair": median(raw_cpu),
-                "api_cpu_us_per_pair": median(api_cpu),
-                "raw_samples": raw,
-                "api_samples": api,
-                "raw_runs": samples["raw"],
-                "api_runs": samples["api"],
-            }
-            rows.append(row)
-            print(f"  {label}: raw {', '.join(f'{v:.0f}' for v in raw)} | "
-                  f"api {', '.join(f'{v:.0f}' for v in api)} pairs/s; client cpu/pair "
-                  f"raw {', '.join(f'{v:.0f}' for v in raw_cpu)} | "
-                  f"api {', '.join(f'{v:.0f}' for v in api_cpu)} us", flush=True)
-        leftover = still_held(big) + still_held(small)
-    finally:
-        deleted, _ = Resource.objects.filter(pool__in=[big, small]).delete()
-        connections.close_all()
 
+def measure(procs: int, pool: str, wait: float, contended: bool, args: argparse.Namespace) -> dict:
+    """One configuration's row: `--repeat` raw and api runs in ABBA order and their medians;
+    prints every run's rate as it goes, since a full bench takes minutes."""
+    samples: dict[str, list[dict]] = {"raw": [], "api": []}
+    for i in range(args.repeat):
+        # ABBA: raw, api, api, raw, ... so a steady drift of the load cancels out
+        for mode in ("raw", "api") if i % 2 == 0 else ("api", "raw"):
+            samples[mode].append(run_once(mode, pool, procs, wait, args.warmup, args.seconds))
+    raw = [s["pairs_per_s"] for s in samples["raw"]]
+    api = [s["pairs_per_s"] for s in samples["api"]]
+    raw_cpu = [s["cpu_us_per_pair"] for s in samples["raw"]]
+    api_cpu = [s["cpu_us_per_pair"] for s in samples["api"]]
+    label = f"{procs} (pool {SMALL_POOL}, wait {wait:g}s)" if contended else f"{procs}"
+    row = {
+        "procs": procs,
+        "pool_size": SMALL_POOL if contended else BIG_POOL,
+        "wait": wait,
+        "label": label,
+        "raw_pairs_per_s": median(raw),
+        "api_pairs_per_s": median(api),
+        "ratio": median(api) / median(raw) if median(raw) else float("nan"),
+        "raw_cpu_us_per_pair": median(raw_cpu),
+        "api_cpu_us_per_pair": median(api_cpu),
+        "raw_samples": raw,
+        "api_samples": api,
+        "raw_runs": samples["raw"],
+        "api_runs": samples["api"],
+    }
+    print(f"  {label}: raw {', '.join(f'{v:.0f}' for v in raw)} | "
+          f"api {', '.join(f'{v:.0f}' for v in api)} pairs/s; client cpu/pair "
+          f"raw {', '.join(f'{v:.0f}' for v in raw_cpu)} | "
+          f"api {', '.join(f'{v:.0f}' for v in api_cpu)} us", flush=True)
+    return row
+
+
+def print_table(rows: list[dict], title: str) -> None:
+    """The main runs' table, then what went wrong in them: acquisitions that found no free
+    resource, and claims that lost a race (raw only: the API does not show them)."""
     head = (f"{'procs':<24} | {'raw pairs/s':>11} | {'api pairs/s':>11} | {'api/raw':>7} | "
             f"raw spread | api spread | raw cpu/pair | api cpu/pair")
     print()
-    print(f"{version}, {policy}; {cores} cores, {args.seconds:g}s per run, median of {args.repeat}")
+    print(title)
     print(head)
     print("-" * len(head))
     for r in rows:
@@ -487,12 +501,44 @@ def main() -> None:
                 extra.append(f"{mode}: {sum(lost)} claims lost a race")
         if extra:
             print(f"  {r['label']}: " + "; ".join(extra))
+
+
+def print_load(load_start: float, busy: float | None, cores: int | None, leftover: int, deleted: int) -> None:
+    """The load before and after and the clean-up; a note when other jobs were busy
+    before the first run, whose results then say less."""
     print(f"load average {load_start:.2f} at start, {os.getloadavg()[0]:.2f} at end (that one counts the "
           f"bench's own processes); {leftover} resources left held; {deleted} bench rows deleted")
     if cores and (busy if busy is not None else load_start) > cores / 4:
-        print(f"note: other jobs were using the machine before the first run ({busy_text}load average "
+        print(f"note: other jobs were using the machine before the first run ({busy_text(busy)}load average "
               f"{load_start:.2f} on {cores} cores): compare the spreads, and prefer more --repeat on a "
               "quiet machine")
+
+
+def main() -> None:
+    """The main runs, then the pool-size axis; their tables, the plot and the JSON."""
+    args, procs_list = parse_args()
+    vendor_ = check_database()
+    big, small = make_pools()
+    version = database_version(flush=False)
+    policy = commit_policy()
+    cores = os.cpu_count()
+
+    configs = [(p, big, 0.0) for p in procs_list]
+    if not args.no_contended:
+        configs.append((CONTENDED_PROCS, small, WAIT))
+
+    print(f"database: {version} ({vendor_}), {policy}; pools {big} and {small}", flush=True)
+    load_start, busy = print_machine(vendor_, cores, args)
+
+    try:
+        rows = [measure(procs, pool, wait, pool != big, args) for procs, pool, wait in configs]
+        leftover = still_held(big) + still_held(small)
+    finally:
+        deleted, _ = Resource.objects.filter(pool__in=[big, small]).delete()
+        connections.close_all()
+
+    print_table(rows, f"{version}, {policy}; {cores} cores, {args.seconds:g}s per run, median of {args.repeat}")
+    print_load(load_start, busy, cores, leftover, deleted)
 
     sizes = [int(size) for size in args.sizes.split(",") if size.strip()]
     axis = size_axis(sizes, args) if sizes else []

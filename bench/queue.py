@@ -393,7 +393,94 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
     plt.close(fig)
 
 
+def prepare() -> None:
+    """Migrate, refuse a database the raw statements are not written for, and make the
+    bench's queue (its settings read afresh)."""
+    call_command("migrate", verbosity=0, interactive=False)
+    if vendor() not in ("mysql", "sqlite"):
+        raise SystemExit("use a mysql:// or sqlite:/// DATABASE_URL")
+    assert Job._meta.db_table == "leases_tasks_job", "the raw statements name the table"
+    Queue.objects.get_or_create(name=QUEUE)
+    jobqueue.forget_settings()
+
+
+def print_enqueue(enq: dict[str, list[float]], single: int, bulk: int) -> None:
+    """The enqueue table: raw beside api, one job and 1000 jobs per statement."""
+    print(f"\nenqueue ({single} single, {bulk} bulk; raw then api, then api then raw)", flush=True)
+    print(f"{'':<26} | {'raw jobs/s':>10} | {'api jobs/s':>10} | {'api/raw':>7} | raw spread | api spread")
+    for kind, label in (("single", "one job per statement"), ("bulk", "1000 jobs per statement")):
+        raw, api = enq[f"raw_{kind}"], enq[f"api_{kind}"]
+        print(f"{label:<26} | {median(raw):>10,.0f} | {median(api):>10,.0f} | "
+              f"{median(api) / median(raw):>7.2f} | {spread(raw):>10} | {spread(api):>10}", flush=True)
+
+
+def drain_row(procs: int, concurrency: int, jobs: int, repeat: int) -> dict[str, Any]:
+    """One drain configuration: `repeat` raw and api runs in ABBA order and their medians;
+    prints the runs' rates as they end, since the whole drain takes minutes."""
+    samples: dict[str, list[dict]] = {"raw": [], "api": []}
+    for i in range(repeat):
+        for mode in ("raw", "api") if i % 2 == 0 else ("api", "raw"):
+            samples[mode].append(drain_once(mode, procs, concurrency, jobs))
+    raw = [s["jobs_per_s"] for s in samples["raw"]]
+    api = [s["jobs_per_s"] for s in samples["api"]]
+    row = {"procs": procs, "concurrency": concurrency, "jobs": jobs, "raw": median(raw), "api": median(api),
+           "raw_samples": raw, "api_samples": api,
+           "raw_cpu_us": median([s["cpu_us_per_job"] for s in samples["raw"]]),
+           "api_cpu_us": median([s["cpu_us_per_job"] for s in samples["api"]])}
+    print(f"  {procs} proc x {concurrency:>2}: {jobs} jobs; raw {', '.join(f'{v:,.0f}' for v in raw)} | "
+          f"api {', '.join(f'{v:,.0f}' for v in api)} jobs/s", flush=True)
+    return row
+
+
+def bench_drain(procs_list: list[int], concurrencies: list[int], drain_jobs: int, repeat: int) -> list[dict]:
+    """A drain row per process count and concurrency, each on about as many seconds of jobs."""
+    print(f"\ndrain: no-op jobs, median of {repeat} (ABBA); jobs per run scale with the concurrency", flush=True)
+    rows = []
+    for procs in procs_list:
+        for conc in concurrencies:
+            rows.append(drain_row(procs, conc, drain_size(drain_jobs, procs, conc), repeat))
+    return rows
+
+
+def print_drain(rows: list[dict], version: str) -> None:
+    """The drain table: raw beside api per process count and concurrency, with the
+    spreads of the runs and the client's CPU per job."""
+    head = (f"{'procs x concurrency':<20} | {'raw jobs/s':>10} | {'api jobs/s':>10} | {'api/raw':>7} | "
+            f"raw spread | api spread | raw cpu/job | api cpu/job")
+    print(f"\ndrain, {version}")
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        print(f"{r['procs']} x {r['concurrency']:<16} | {r['raw']:>10,.0f} | {r['api']:>10,.0f} | "
+              f"{r['api'] / r['raw']:>7.2f} | {spread(r['raw_samples']):>10} | {spread(r['api_samples']):>10} | "
+              f"{r['raw_cpu_us']:>8.0f} us | {r['api_cpu_us']:>8.0f} us")
+    print("cpu/job: user + system time of the bench processes (not the server's) per job")
+
+
+def print_pickup(pickups: dict[str, list[float]], jobs: int) -> None:
+    """The pickup latencies' percentiles, raw then api."""
+    print(f"\npickup latency (run_at -> started_at, server clock), {jobs} jobs pushed 0.2 s ahead, "
+          f"poll {POLL} s")
+    for mode in ("raw", "api"):
+        ms = pickups[mode]
+        print(f"  {mode}: p50 {percentile(ms, 50):.1f} ms, p95 {percentile(ms, 95):.1f} ms, "
+              f"p99 {percentile(ms, 99):.1f} ms, max {max(ms):.1f} ms ({len(ms)} jobs)")
+
+
+def print_goals(drain_rows: list[dict], enq: dict[str, list[float]], pickups: dict[str, list[float]]) -> None:
+    """The project's performance goals, each met or MISSED by the API's numbers."""
+    best2 = max((r["api"] for r in drain_rows if r["procs"] == 2), default=float("nan"))
+    goals = [
+        ("drain >= 2,500 jobs/s with 2 processes", best2 >= 2500, f"{best2:,.0f}"),
+        ("bulk enqueue >= 20,000 jobs/s", median(enq["api_bulk"]) >= 20000, f"{median(enq['api_bulk']):,.0f}"),
+        ("pickup p50 <= 30 ms", percentile(pickups["api"], 50) <= 30, f"{percentile(pickups['api'], 50):.1f} ms"),
+        ("pickup p99 <= 100 ms", percentile(pickups["api"], 99) <= 100, f"{percentile(pickups['api'], 99):.1f} ms"),
+    ]
+    print("goals: " + "; ".join(f"{name}: {value} {'met' if ok else 'MISSED'}" for name, ok, value in goals))
+
+
 def main() -> None:
+    """Enqueue, drain and pickup, raw beside api; their tables, the goals, the plot and the JSON."""
     args = ARGS
     quick = args.quick
     drain_jobs = args.drain_jobs or (2000 if quick else 20000)
@@ -403,12 +490,7 @@ def main() -> None:
     concurrencies = [int(c) for c in args.concurrency.split(",")]
     procs_list = [int(p) for p in args.procs.split(",")]
 
-    call_command("migrate", verbosity=0, interactive=False)
-    if vendor() not in ("mysql", "sqlite"):
-        raise SystemExit("use a mysql:// or sqlite:/// DATABASE_URL")
-    assert Job._meta.db_table == "leases_tasks_job", "the raw statements name the table"
-    Queue.objects.get_or_create(name=QUEUE)
-    jobqueue.forget_settings()
+    prepare()
     version = database_version()
     cores = os.cpu_count()
     load = os.getloadavg()
@@ -420,33 +502,9 @@ def main() -> None:
     try:
         enq = bench_enqueue(single, bulk)
         report["enqueue"] = enq
-        print(f"\nenqueue ({single} single, {bulk} bulk; raw then api, then api then raw)", flush=True)
-        print(f"{'':<26} | {'raw jobs/s':>10} | {'api jobs/s':>10} | {'api/raw':>7} | raw spread | api spread")
-        for kind, label in (("single", "one job per statement"), ("bulk", "1000 jobs per statement")):
-            raw, api = enq[f"raw_{kind}"], enq[f"api_{kind}"]
-            print(f"{label:<26} | {median(raw):>10,.0f} | {median(api):>10,.0f} | "
-                  f"{median(api) / median(raw):>7.2f} | {spread(raw):>10} | {spread(api):>10}", flush=True)
-
-        print(f"\ndrain: no-op jobs, median of {repeat} (ABBA); jobs per run scale with the concurrency", flush=True)
-        drain_rows = []
-        for procs in procs_list:
-            for conc in concurrencies:
-                jobs = drain_size(drain_jobs, procs, conc)
-                samples: dict[str, list[dict]] = {"raw": [], "api": []}
-                for i in range(repeat):
-                    for mode in ("raw", "api") if i % 2 == 0 else ("api", "raw"):
-                        samples[mode].append(drain_once(mode, procs, conc, jobs))
-                raw = [s["jobs_per_s"] for s in samples["raw"]]
-                api = [s["jobs_per_s"] for s in samples["api"]]
-                row = {"procs": procs, "concurrency": conc, "jobs": jobs, "raw": median(raw), "api": median(api),
-                       "raw_samples": raw, "api_samples": api,
-                       "raw_cpu_us": median([s["cpu_us_per_job"] for s in samples["raw"]]),
-                       "api_cpu_us": median([s["cpu_us_per_job"] for s in samples["api"]])}
-                drain_rows.append(row)
-                print(f"  {procs} proc x {conc:>2}: {jobs} jobs; raw {', '.join(f'{v:,.0f}' for v in raw)} | "
-                      f"api {', '.join(f'{v:,.0f}' for v in api)} jobs/s", flush=True)
+        print_enqueue(enq, single, bulk)
+        drain_rows = bench_drain(procs_list, concurrencies, drain_jobs, repeat)
         report["drain"] = drain_rows
-
         pickups = {}
         for mode in ("raw", "api"):
             pickups[mode] = pickup_once(mode, pickup_jobs, 0.2)
@@ -456,34 +514,12 @@ def main() -> None:
         Queue.objects.filter(name=QUEUE).delete()
         connections.close_all()
 
-    head = (f"{'procs x concurrency':<20} | {'raw jobs/s':>10} | {'api jobs/s':>10} | {'api/raw':>7} | "
-            f"raw spread | api spread | raw cpu/job | api cpu/job")
-    print(f"\ndrain, {version}")
-    print(head)
-    print("-" * len(head))
-    for r in drain_rows:
-        print(f"{r['procs']} x {r['concurrency']:<16} | {r['raw']:>10,.0f} | {r['api']:>10,.0f} | "
-              f"{r['api'] / r['raw']:>7.2f} | {spread(r['raw_samples']):>10} | {spread(r['api_samples']):>10} | "
-              f"{r['raw_cpu_us']:>8.0f} us | {r['api_cpu_us']:>8.0f} us")
-    print("cpu/job: user + system time of the bench processes (not the server's) per job")
-    print(f"\npickup latency (run_at -> started_at, server clock), {pickup_jobs} jobs pushed 0.2 s ahead, "
-          f"poll {POLL} s")
-    for mode in ("raw", "api"):
-        ms = pickups[mode]
-        print(f"  {mode}: p50 {percentile(ms, 50):.1f} ms, p95 {percentile(ms, 95):.1f} ms, "
-              f"p99 {percentile(ms, 99):.1f} ms, max {max(ms):.1f} ms ({len(ms)} jobs)")
+    print_drain(drain_rows, version)
+    print_pickup(pickups, pickup_jobs)
     load_end = os.getloadavg()
     print(f"\nload average {load[0]:.2f} at start, {load_end[0]:.2f} at end (counts the bench's own processes); "
           f"{time.monotonic() - started:.0f} s in all")
-
-    best2 = max((r["api"] for r in drain_rows if r["procs"] == 2), default=float("nan"))
-    goals = [
-        ("drain >= 2,500 jobs/s with 2 processes", best2 >= 2500, f"{best2:,.0f}"),
-        ("bulk enqueue >= 20,000 jobs/s", median(enq["api_bulk"]) >= 20000, f"{median(enq['api_bulk']):,.0f}"),
-        ("pickup p50 <= 30 ms", percentile(pickups["api"], 50) <= 30, f"{percentile(pickups['api'], 50):.1f} ms"),
-        ("pickup p99 <= 100 ms", percentile(pickups["api"], 99) <= 100, f"{percentile(pickups['api'], 99):.1f} ms"),
-    ]
-    print("goals: " + "; ".join(f"{name}: {value} {'met' if ok else 'MISSED'}" for name, ok, value in goals))
+    print_goals(drain_rows, enq, pickups)
     if args.plot and drain_rows:
         plot(drain_rows, Path(args.plot), f"{version.split(',')[0]}, {cores} cores, {report['date']}")
         print(f"plot: {args.plot}")

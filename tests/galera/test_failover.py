@@ -20,6 +20,7 @@ import sys
 import time
 from collections import Counter, defaultdict
 from datetime import datetime
+from pathlib import Path
 
 import pytest
 
@@ -29,7 +30,7 @@ from leases.models import Resource
 from leases.tasks import push_many
 from leases.tasks.models import Job, JobError
 from tests.conftest import Workers, start_lease_run, wait_for
-from tests.galera.conftest import merge, proxy_url, retries_in
+from tests.galera.conftest import Cluster, merge, proxy_url, retries_in
 from tests.helpers import Child, log_lines
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow,
@@ -108,10 +109,11 @@ def clients(manage, child_env, tmp_path):
             pass
 
 
-@pytest.mark.parametrize("fault", ["kill", "stop"])
-def test_clients_carry_on_through_the_next_node(cluster, clients, manage, tmp_path, capsys, fault):
+def start_clients(clients: dict, manage: list[str],
+                  log: Path) -> tuple[list[subprocess.Popen], list[Child], subprocess.Popen]:
+    """The pools and the queue's jobs, then every client through HAProxy: two workers,
+    three holders and a lease run. Returns them in that order."""
     env = clients["env"]
-    log = tmp_path / "runs.log"
     Pool(POOL).add_many([(f"p{i}", None) for i in range(5)])
     Pool(RUN_POOL).add("only")
     push_many([("nap", {"n": n, "seconds": 0.05, "log": str(log)}) for n in range(JOBS)])
@@ -122,12 +124,14 @@ def test_clients_carry_on_through_the_next_node(cluster, clients, manage, tmp_pa
     holder = [sys.executable, "-m", "tests.galera.holder", POOL, str(HOLDER_TTL)]
     holders = [Child(holder, env) for _ in range(3)]
     clients["holders"] += holders
-    release = clients["release"]
     run = start_lease_run(manage, env, RUN_POOL, ["--ttl", f"{RUN_TTL}s", "--wait", "30s"],
-                          [sys.executable, "-c", WAIT_FOR_FILE, str(release)])
+                          [sys.executable, "-c", WAIT_FOR_FILE, str(clients["release"])])
     clients["runs"].append(run)
+    return workers, holders, run
 
-    # Warm: every client has done work through node1.
+
+def warm_up(cluster: Cluster) -> None:
+    """Wait until every client has done work through node1, the only node with sessions."""
     wait_for(lambda: Job.objects.filter(status=Job.SUCCEEDED).count() >= 200, 60, "the drain to start")
     wait_for(lambda: Resource.objects.filter(pool=RUN_POOL).exclude(holder="").exists(), 30, "lease run")
     wait_for(lambda: Resource.objects.filter(pool=POOL).exclude(holder="").count() == 3, 30, "three holders")
@@ -136,6 +140,11 @@ def test_clients_carry_on_through_the_next_node(cluster, clients, manage, tmp_pa
         ("node1", "UP", True), ("node2", "UP", False), ("node3", "UP", False)], sessions  # all on node1
     time.sleep(1.0)
 
+
+def fault_and_heal(cluster: Cluster, fault: str) -> tuple[float, dict[float, float]]:
+    """Kill or stop node1, bring it back while the clients drain the queue, and wait for
+    three Synced nodes. Returns when the fault was sent, and the lease run's renewals as
+    this test saw them meanwhile: {renewed_at: when first seen}."""
     getattr(cluster, fault)(1)
     fault_at = time.time()  # the signal has been sent
     # lease run's renewals: each new renewed_at of its row (when the statement ran, by the
@@ -162,8 +171,13 @@ def test_clients_carry_on_through_the_next_node(cluster, clients, manage, tmp_pa
     sizes = {n: cluster.wsrep(n, "wsrep_cluster_size")["wsrep_cluster_size"] for n in (1, 2, 3)}
     assert sizes == {1: "3", 2: "3", 3: "3"}
     time.sleep(1.0)  # and the clients go on with node1 back in the cluster
+    return fault_at, renewals
 
-    # Stop everything; nothing may have died on the way.
+
+def stop_clients(clients: dict, workers: list[subprocess.Popen], holders: list[Child],
+                 run: subprocess.Popen) -> tuple[list[str], list[list[dict]], str]:
+    """Stop every client, none of which may have died on the way or ended in error.
+    Returns the workers' logs, the holders' events and the lease run's stderr."""
     for proc in workers:
         assert proc.poll() is None, f"worker {proc.pid} died:\n{clients['workers'].stderr(proc)}"
         os.kill(proc.pid, signal.SIGTERM)
@@ -171,8 +185,8 @@ def test_clients_carry_on_through_the_next_node(cluster, clients, manage, tmp_pa
         assert child.proc.poll() is None, f"holder died:\n{child.log()}"
         child.proc.stdin.write("stop\n")
         child.proc.stdin.flush()
-    release.write_text("done")
-    run_out, run_err = run.communicate(timeout=30)
+    clients["release"].write_text("done")
+    _, run_err = run.communicate(timeout=30)
     assert run.returncode == 0, run_err
     for proc in workers:
         assert clients["workers"].wait(proc, 60) == 0, clients["workers"].stderr(proc)
@@ -182,14 +196,20 @@ def test_clients_carry_on_through_the_next_node(cluster, clients, manage, tmp_pa
     holder_events = [[*_drain(child)] for child in holders]
     for text in [*worker_logs, *(child.log() for child in holders), run_err]:
         assert "Traceback" not in text, text
+    return worker_logs, holder_events, run_err
 
-    # Jobs: each ran once, none left ready or running, no attempt lost.
+
+def check_jobs(log: Path) -> None:
+    """Each job ran once, none is left ready or running, no attempt was lost."""
     runs = Counter(n for n, _ in log_lines(log))
     assert set(runs) == set(range(JOBS)) and set(runs.values()) == {1}, "a job ran twice, or never"
     assert not Job.objects.exclude(status=Job.SUCCEEDED).exists()
     assert not JobError.objects.exists(), list(JobError.objects.values_list("job_id", "exception", "message"))
 
-    # Leases: each (resource, token) had one holder, and no two holders' times overlapped.
+
+def check_leases(holder_events: list[list[dict]]) -> None:
+    """Each (resource, token) had one holder, no two holders' times overlapped, and each
+    holder still held a lease of its own at the end."""
     held: dict[tuple[str, int], set[str]] = defaultdict(set)
     spans: dict[tuple[str, int], list[float]] = {}
     for events in holder_events:
@@ -209,17 +229,26 @@ def test_clients_carry_on_through_the_next_node(cluster, clients, manage, tmp_pa
     final = {e["holder"] for events in holder_events for e in events[-3:] if e["event"] == "state"}
     assert len(final) == 3  # each holder still held a lease of its own at the end
 
-    # Carrying on: per client, from the fault to its first successful write, and its gaps.
-    # A worker logs each outcome once it is committed; a holder reports each renewal done.
-    # An outcome's finished_at is when its statement ran, by the server's clock.
+
+def measure_carry_on(fault_at: float, worker_logs: list[str], holder_events: list[list[dict]],
+                     renewals: dict[float, float]) -> dict[str, list[tuple[float | None, float]]]:
+    """Per client, from the fault to its first successful write, and its longest gap.
+    A worker logs each outcome once it is committed; a holder reports each renewal done.
+    An outcome's finished_at is when its statement ran, by the server's clock."""
     ran = dict(Job.objects.values_list("pk", "finished_at"))
-    measured = {
+    return {
         "worker": [carry_on([(ran[pk].timestamp(), at) for pk, at in outcomes_logged(text).items()], fault_at)
                    for text in worker_logs],
         "holder": [carry_on([(e["began"], e["t"]) for e in events if e["event"] == "renewed"], fault_at)
                    for events in holder_events],
         "lease run": [carry_on(list(renewals.items()), fault_at)],
     }
+
+
+def failover_report(fault: str, measured: dict[str, list[tuple[float | None, float]]], worker_logs: list[str],
+                    holders: list[Child], holder_events: list[list[dict]], run_err: str) -> list[str]:
+    """The failover's numbers per client kind, with the retries and errors met on the
+    way: the lines printed, which the assertions on the numbers also show."""
     failed_renewals = sum(e["event"] == "renew-failed" for events in holder_events for e in events)
     retried = {
         "worker": merge(retries_in(text) for text in worker_logs),
@@ -235,6 +264,21 @@ def test_clients_carry_on_through_the_next_node(cluster, clients, manage, tmp_pa
                  f" holders' failed renewals: {failed_renewals}")
     seen = errors_seen([*worker_logs, *(child.log() for child in holders), run_err])
     lines.append(f"  errors retried: {dict(seen)}")
+    return lines
+
+
+@pytest.mark.parametrize("fault", ["kill", "stop"])
+def test_clients_carry_on_through_the_next_node(cluster, clients, manage, tmp_path, capsys, fault):
+    log = tmp_path / "runs.log"
+    workers, holders, run = start_clients(clients, manage, log)
+    warm_up(cluster)
+    fault_at, renewals = fault_and_heal(cluster, fault)
+    worker_logs, holder_events, run_err = stop_clients(clients, workers, holders, run)
+    check_jobs(log)
+    check_leases(holder_events)
+
+    measured = measure_carry_on(fault_at, worker_logs, holder_events, renewals)
+    lines = failover_report(fault, measured, worker_logs, holders, holder_events, run_err)
     with capsys.disabled():
         print("\n[galera] " + "\n".join(lines))
     for kind, values in measured.items():
