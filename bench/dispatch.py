@@ -20,7 +20,11 @@ import time
 from multiprocessing import get_context
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+ROOT = Path(__file__).resolve().parent.parent
+# The folder of this file holds queue.py, which on sys.path would shadow the standard
+# library's (imported by Django on the way): keep the checkout only.
+_HERE = Path(__file__).resolve().parent
+sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() not in (_HERE, ROOT)]
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
 
 import django  # noqa: E402
@@ -53,31 +57,45 @@ def raw_connection():
     return raw, "%s", skip
 
 
+def raw_round(cur, p: str, skip: str, now: str, worker: str, limit: int) -> int:
+    """One assign_tasks + tasks_done in raw SQL; the tasks it got."""
+    cur.execute(f"UPDATE leases_tasks_dispatchworker SET last_seen = {now} WHERE dispatcher = {p} AND name = {p}",
+                (NAME, worker))
+    cur.execute("BEGIN IMMEDIATE" if p == "?" else "BEGIN")
+    cur.execute(f"SELECT id, value FROM leases_tasks_pooltask WHERE dispatcher = {p} AND worker = {p}"
+                " AND state = 1 ORDER BY assigned_at, score, id", (NAME, worker))
+    bucket = cur.fetchall()
+    cur.execute(f"SELECT id, value FROM leases_tasks_pooltask WHERE dispatcher = {p} AND state = 0"
+                f" ORDER BY score, id LIMIT {p}{skip}", (NAME, limit - len(bucket)))
+    ids = [row[0] for row in cur.fetchall()]
+    if ids:
+        cur.execute(f"UPDATE leases_tasks_pooltask SET state = 1, worker = {p}, assigned_at = {now}"
+                    f" WHERE state = 0 AND id IN ({', '.join([p] * len(ids))})", (worker, *ids))
+        cur.execute(f"SELECT id, value FROM leases_tasks_pooltask WHERE dispatcher = {p} AND worker = {p}"
+                    " AND state = 1 ORDER BY assigned_at, score, id", (NAME, worker))
+        bucket = cur.fetchall()
+    cur.execute("COMMIT")
+    cur.execute(f"UPDATE leases_tasks_pooltask SET state = 2, done_at = {now}"
+                f" WHERE dispatcher = {p} AND worker = {p} AND state = 1", (NAME, worker))
+    return len(bucket)
+
+
 def raw_loop(worker: str, limit: int, end: float) -> tuple[int, int]:
+    """raw_round until `end`; a deadlock or lock-wait timeout is rolled back and the round
+    done again, as the dispatcher's own retries do."""
     raw, p, skip = raw_connection()
     now = "UTC_TIMESTAMP(6)" if p == "%s" else "strftime('%Y-%m-%d %H:%M:%f000', 'now')"
     cur = raw.cursor()
     calls = tasks = 0
     while time.monotonic() < end:
-        cur.execute(f"UPDATE leases_tasks_dispatchworker SET last_seen = {now} WHERE dispatcher = {p} AND name = {p}",
-                    (NAME, worker))
-        cur.execute("BEGIN IMMEDIATE" if p == "?" else "BEGIN")
-        cur.execute(f"SELECT id, value FROM leases_tasks_pooltask WHERE dispatcher = {p} AND worker = {p}"
-                    " AND state = 1 ORDER BY assigned_at, score, id", (NAME, worker))
-        bucket = cur.fetchall()
-        cur.execute(f"SELECT id, value FROM leases_tasks_pooltask WHERE dispatcher = {p} AND state = 0"
-                    f" ORDER BY score, id LIMIT {p}{skip}", (NAME, limit - len(bucket)))
-        ids = [row[0] for row in cur.fetchall()]
-        if ids:
-            cur.execute(f"UPDATE leases_tasks_pooltask SET state = 1, worker = {p}, assigned_at = {now}"
-                        f" WHERE state = 0 AND id IN ({', '.join([p] * len(ids))})", (worker, *ids))
-            cur.execute(f"SELECT id, value FROM leases_tasks_pooltask WHERE dispatcher = {p} AND worker = {p}"
-                        " AND state = 1 ORDER BY assigned_at, score, id", (NAME, worker))
-            bucket = cur.fetchall()
-        cur.execute("COMMIT")
-        cur.execute(f"UPDATE leases_tasks_pooltask SET state = 2, done_at = {now}"
-                    f" WHERE dispatcher = {p} AND worker = {p} AND state = 1", (NAME, worker))
-        calls, tasks = calls + 1, tasks + len(bucket)
+        try:
+            got = raw_round(cur, p, skip, now, worker, limit)
+        except Exception as exc:  # noqa: BLE001 - the driver's own error type
+            if not exc.args or exc.args[0] not in (1205, 1213):
+                raise
+            cur.execute("ROLLBACK")
+            continue
+        calls, tasks = calls + 1, tasks + got
     raw.close()
     return calls, tasks
 
