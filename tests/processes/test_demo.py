@@ -9,7 +9,6 @@ import sys
 import pytest
 
 from project.demo import Use, check_exclusivity
-
 from tests.conftest import ROOT
 
 

@@ -11,7 +11,6 @@ from django.db.models import Q
 
 from leases.models import Lock
 from leases.tasks.models import DispatchWorker, Job, PoolTask, Queue, TaskPool, Worker
-
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.django_db(transaction=True)
