@@ -8,7 +8,8 @@ from . import definition, machine
 START = "leases.pipelines.start"
 
 
-@handler(machine.EVENT, max_attempts=machine.EVENT_ATTEMPTS, backoff=lambda attempt: min(30.0, 0.25 * 2**attempt))
+@handler(machine.EVENT, max_attempts=machine.EVENT_ATTEMPTS, backoff=lambda attempt: min(30.0, 0.25 * 2**attempt),
+         internal=True)
 def advance(payload: dict) -> None:
     """Move a run on once its tasks' outcomes are recorded. It must not be lost, so it
     is retried for a long time (the run waits for it)."""

@@ -70,6 +70,8 @@ class Handler:
     limit_key: LimitKey = None
     concurrency: int | None = None
     rate: str = ""
+    #: An app's bookkeeping (a pipeline's advance event), not an operator's work.
+    internal: bool = False
 
     def run(self, job: Any) -> Any:
         """Run one claimed job (the worker's entry point; other runners override it)."""
@@ -104,6 +106,7 @@ def handler(
     limit_key: LimitKey = None,
     concurrency: int | None = None,
     rate: str | None = None,
+    internal: bool = False,
 ) -> Callable[[Any], Any]:
     """Register the decorated function as the handler of jobs named `name`.
 
@@ -115,6 +118,9 @@ def handler(
     per period, across every worker (see leases.tasks.jobs.limits). These settings apply
     to every job of the name, whoever enqueues it: a push, a pipeline, a schedule.
 
+    `internal` marks jobs an app makes for its own bookkeeping (a pipeline's advance
+    event): job lists and counts meant for operators leave them out unless asked.
+
     Above a Django task (``@handler(concurrency=1)`` over ``@task()``), without a name, it
     sets the limits of that task's jobs; `limit_key` is then a function of the task's
     arguments. Its queue stays the task's, its attempts, backoff and timeout the backend's.
@@ -122,7 +128,7 @@ def handler(
     if limit_key is not None and not callable(limit_key):
         limits.check_limit_key(limit_key)
     shared = dict(limit_key=limit_key, concurrency=limits.check_concurrency(concurrency), rate=limits.check_rate(rate))
-    own = dict(queue=queue, max_attempts=max_attempts, backoff=backoff, timeout=timeout)
+    own = dict(queue=queue, max_attempts=max_attempts, backoff=backoff, timeout=timeout, internal=internal)
 
     def register(func: Any) -> Any:
         if _is_task(func):
@@ -132,7 +138,7 @@ def handler(
             raise ValueError(f"@handler() of {_qualname(func)} needs a name: the name its jobs are pushed by")
         check_name(name, "handler name", JOB_NAME_LENGTH)
         spec = Handler(name=name, func=func, queue=check_queue(queue), max_attempts=check_attempts(max_attempts),
-                       backoff=check_backoff(backoff), timeout=check_timeout(timeout), **shared)
+                       backoff=check_backoff(backoff), timeout=check_timeout(timeout), internal=internal, **shared)
         existing = _HANDLERS.get(name)
         if existing is not None and existing.func is not func and _qualname(existing.func) != _qualname(func):
             raise ValueError(f"handler {name!r} is already registered to {_qualname(existing.func)}")
@@ -150,7 +156,7 @@ def _is_task(func: Any) -> bool:
 
 def _register_task(task: Any, name: str | None, own: dict[str, Any], shared: dict[str, Any]) -> None:
     given = [option for option, default in (("queue", "default"), ("max_attempts", 3), ("backoff", DEFAULT_BACKOFF),
-                                             ("timeout", None)) if own[option] != default]
+                                             ("timeout", None), ("internal", False)) if own[option] != default]
     if name is not None or given:
         raise ValueError(f"@handler() above the Django task {task.module_path} takes only limit_key, concurrency"
                          " and rate: its queue is @task(queue_name=...), its attempts, backoff and timeout are"
@@ -180,7 +186,7 @@ def get(name: str) -> Handler:
         discover()
         found = _HANDLERS.get(name)
     if found is None:
-        known = ", ".join(sorted(_HANDLERS)[:10]) or "none registered"
+        known = ", ".join(sorted(n for n, spec in _HANDLERS.items() if not spec.internal)[:10]) or "none registered"
         raise UnknownHandler(f"no handler named {name!r} (known: {known})")
     return found
 
@@ -194,6 +200,12 @@ def find(name: str) -> Handler | None:
 def registered() -> dict[str, Handler]:
     discover()
     return dict(_HANDLERS)
+
+
+def internal_names() -> frozenset[str]:
+    """The names of jobs apps make for their own bookkeeping (see `handler`'s `internal`)."""
+    discover()
+    return frozenset(name for name, spec in _HANDLERS.items() if spec.internal)
 
 
 def task_limits(module_path: str) -> TaskLimits:
