@@ -92,7 +92,7 @@ class ResourceThread(threading.Thread):
                 return None
             return f"{type(self).__name__}.is_valid() returned False"
         except Exception as exc:  # the user's check failing must not end the thread
-            log.warning("%s: is_valid() raised on %s", self.name, self.lease, exc_info=True)
+            log.warning("%s: is_valid() raised on %s: %s", self.name, self.lease, db.one_line(exc))
             return f"{type(self).__name__}.is_valid() raised {type(exc).__name__}: {exc}"
 
     def _acquire(self, background: bool, lost: Lease | None = None) -> None:

@@ -53,6 +53,12 @@ class Processes:
                 proc.join(5)
 
 
+@pytest.fixture(autouse=True)
+def fast_passwords(settings):
+    """Tests make users with passwords; the default hasher is slow on purpose."""
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
 @pytest.fixture
 def processes():
     procs = Processes()

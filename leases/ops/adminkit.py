@@ -27,6 +27,8 @@ from leases.clock import db_now
 #: What the live columns show when they do not apply (as the admin shows None in lists;
 #: the change form would print "None").
 EMPTY = "-"
+#: The largest primary key of a BIGINT column (MySQL's and SQLite's integers are signed 64-bit).
+BIGGEST_ID = 2**63 - 1
 
 
 def nowrap(text: Any) -> SafeString:
@@ -47,6 +49,15 @@ def pretty_json(value: object) -> SafeString:
     """JSON in a <pre>, indented and keys sorted, so nested payloads can be read and compared."""
     text = json.dumps(value, ensure_ascii=False, indent=2, sort_keys=True)
     return format_html('<pre style="margin: 0">{}</pre>', text)
+
+
+def as_id(text: str) -> int | None:
+    """`text` as a primary key: ASCII digits of a 63-bit integer, else None. str.isdigit()
+    takes "²", which int() refuses, and a longer number overflows the column (a 500 either way)."""
+    if not (text.isascii() and text.isdigit()) or len(text) > len(str(BIGGEST_ID)):
+        return None
+    found = int(text)
+    return found if found <= BIGGEST_ID else None
 
 
 def may_change(request: HttpRequest, opts: Options) -> bool:

@@ -28,12 +28,6 @@ pytestmark = pytest.mark.django_db
 CHANGELIST = reverse("admin:leases_resource_changelist")
 
 
-@pytest.fixture(autouse=True)
-def fast_passwords(settings):
-    """admin_user is created with a password; the default hasher is slow on purpose."""
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
 
 def rows(response) -> dict[str, dict[str, str]]:
     assert response.status_code == 200

@@ -252,7 +252,24 @@ def test_an_exception_from_is_valid_counts_as_invalid_and_becomes_the_reason(acc
         assert thread.lease.name == "good" and thread.is_alive()
         broken = Resource.objects.get(pool="accounts", name="broken")
         assert broken.quarantine_reason == "Crashing.is_valid() raised RuntimeError: check crashed"
-        assert "RuntimeError: check crashed" in caplog.text  # with its traceback
+        assert "RuntimeError: check crashed" in caplog.text
+    finally:
+        thread.terminate()
+
+
+def test_an_exception_from_is_valid_is_one_warning_line_without_a_traceback(accounts, caplog):
+    """A resource that fails its check is routine (it is quarantined): its type and message
+    on one WARNING line, no traceback to scroll past."""
+    caplog.set_level(logging.DEBUG, logger="leases")
+    accounts.quarantine("good", 0.5)  # so the thread meets "broken" first
+    thread = Crashing()
+    try:
+        thread.start()
+        said = [r for r in caplog.records if "is_valid() raised" in r.getMessage()]
+        assert len(said) == 1 and said[0].levelno == logging.WARNING
+        assert said[0].getMessage().endswith("RuntimeError: check crashed")
+        assert said[0].exc_info is None and "\n" not in said[0].getMessage()
+        assert "Traceback" not in caplog.text
     finally:
         thread.terminate()
 

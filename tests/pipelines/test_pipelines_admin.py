@@ -27,11 +27,6 @@ FAILING = Pipeline("adm-failing", [Stage("first", ["p.a1"]), Stage("second", ["p
 FANOUT = Pipeline("adm-fanout", [Stage("discover", ["p.discover"]), Stage("each", ["p.a3"], for_each="p.discover")])
 
 
-@pytest.fixture(autouse=True)
-def fast_passwords(settings):
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
 def drain(max_jobs: int | None = None) -> None:
     JobWorker(queues=["default"], concurrency=1 if max_jobs else 4, burst=True, poll=0.01, max_jobs=max_jobs).run()
 

@@ -158,12 +158,7 @@ def test_bad_limits_are_refused_at_definition_or_push_and_write_nothing(call, me
 # -- the admin ------------------------------------------------------------------------
 
 
-@pytest.fixture
-def fast_passwords(settings):
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
-def test_the_admin_lists_keys_at_their_limit_and_what_waits_behind_each(admin_client, fast_passwords):
+def test_the_admin_lists_keys_at_their_limit_and_what_waits_behind_each(admin_client):
     from django.urls import reverse
 
     from tests.helpers import table
@@ -180,7 +175,7 @@ def test_the_admin_lists_keys_at_their_limit_and_what_waits_behind_each(admin_cl
     assert len(table(jobs, "id")) == 3
 
 
-def test_a_rule_made_in_the_admin_is_checked_and_applies_at_once(admin_client, fast_passwords):
+def test_a_rule_made_in_the_admin_is_checked_and_applies_at_once(admin_client):
     from django.urls import reverse
 
     add = reverse("admin:leases_tasks_limitrule_add")

@@ -24,11 +24,6 @@ SCHEDULES = reverse("admin:leases_tasks_schedule_changelist")
 ADD = reverse("admin:leases_tasks_schedule_add")
 
 
-@pytest.fixture(autouse=True)
-def fast_passwords(settings):
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
 def page(row: Schedule) -> str:
     return reverse("admin:leases_tasks_schedule_change", args=[row.pk])
 

@@ -23,11 +23,6 @@ WORKERS = reverse("admin:leases_tasks_dispatchworker_changelist")
 TASKS = reverse("admin:leases_tasks_pooltask_changelist")
 
 
-@pytest.fixture(autouse=True)
-def fast_passwords(settings):
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
 
 
 

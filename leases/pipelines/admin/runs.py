@@ -12,7 +12,7 @@ from typing import Any
 
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
-from django.http import HttpRequest, HttpResponseRedirect
+from django.http import Http404, HttpRequest, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.urls import path
 from django.utils.html import format_html
@@ -24,6 +24,7 @@ from leases.ops.adminkit import (
     EMPTY,
     OnDatabase,
     PerRequest,
+    as_id,
     compact_time,
     local_time,
     may_change,
@@ -182,7 +183,10 @@ class RunAdmin(OnDatabase, admin.ModelAdmin):
         """One button of a run's page: cancel, pause, resume or restart:STAGE."""
         if not self.has_operate_permission(request):
             raise PermissionDenied
-        run = get_object_or_404(Run.objects.using(self.using), pk=object_id)
+        pk = as_id(object_id)  # a URL's id that is no number is no run: 404, not a 500
+        if pk is None:
+            raise Http404("No run matches the given query.")
+        run = get_object_or_404(Run.objects.using(self.using), pk=pk)
         verb, _, stage = request.POST.get("steer", "").partition(":")
         calls: dict[str, Callable[[Run], Any]] = {
             "cancel": runs.cancel,

@@ -8,33 +8,42 @@ clock once.
 from __future__ import annotations
 
 from django.contrib import admin, messages
+from django.contrib.admin.views.main import SEARCH_VAR
 from django.core.paginator import Paginator
+from django.db.models import QuerySet
 from django.utils.functional import cached_property
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import mark_safe
 
-from leases.management.text import elapsed
+from leases import conf
+from leases.management.text import ago, elapsed
 from leases.ops.adminkit import (
     EMPTY,
     OnDatabaseInline,
     PerRequest,
+    as_id,
     compact_time,
+    local_time,
     may_change,
-    nowrap,
     pretty_json,
     request_now,
 )
-from leases.ops.masking import mask_secrets, mask_text
+from leases.ops.masking import mask_secrets, mask_task_call, mask_text
 
 from .. import registry
 from ..jobs import actions
 from ..jobs.recovery import recover_lapsed
 from ..models import Job, JobError, LimitKey, Queue
+from . import search
 from .shared import ReadOnly, relative
 
 #: Ids per engine call, well under the placeholder limits of MySQL and SQLite.
 ACTION_BATCH = 500
 #: Newest jobs whose names the name filter offers beside the registered handlers.
 RECENT_NAMES = 1000
+#: A worker's name in the list: one line, at most this wide.
+WORKER_STYLE = ("display: inline-block; max-width: 8em; overflow: hidden; text-overflow: ellipsis;"
+                " white-space: nowrap; vertical-align: bottom")
 LAPSED_HELP = (
     "Its worker stopped heartbeating, so its lease lapsed: any live worker puts it back to ready "
     "(or dead, when out of attempts) within seconds, or use the action 'Recover selected lapsed jobs now'. "
@@ -85,16 +94,54 @@ class QueueFilter(admin.SimpleListFilter):
         return queryset if self.value() is None else queryset.filter(queue=self.value())
 
 
+#: The kinds of jobs the list shows besides its default, the operators' own.
+INTERNAL, ALL = "internal", "all"
+
+
+def of_kind(queryset: QuerySet, kind: str | None) -> QuerySet:
+    """Jobs of `kind`: the apps' bookkeeping (registry.internal_names(): a pipeline's
+    advance events), all, or by default the rest, the jobs operators push and run."""
+    internal = sorted(registry.internal_names())
+    if kind == INTERNAL:
+        return queryset.filter(name__in=internal)
+    return queryset if kind == ALL else queryset.exclude(name__in=internal)
+
+
+class KindFilter(admin.SimpleListFilter):
+    """Operators' jobs unless asked: a busy pipeline's advance events would crowd them out
+    of the list. A search for a job's id finds it whatever its kind."""
+
+    title = "kind"
+    parameter_name = "kind"
+
+    def lookups(self, request, model_admin):
+        return [(INTERNAL, "internal"), (ALL, "all")]
+
+    def choices(self, changelist):
+        default, *rest = super().choices(changelist)
+        return [{**default, "display": "operators' jobs"}, *rest]
+
+    def queryset(self, request, queryset):
+        if as_id(request.GET.get(SEARCH_VAR, "").strip().lstrip("#")) is not None:
+            return queryset
+        return of_kind(queryset, self.value())
+
+
 class NameFilter(admin.SimpleListFilter):
     """Handlers registered in this process and the names of the newest jobs (Django Tasks
-    and pipeline tasks too), read by primary key; any name works as ?name=... in the URL."""
+    and pipeline tasks too), read by primary key, of the kind the list shows; any name
+    works as ?name=... in the URL."""
 
     title = "name"
     parameter_name = "name"
 
     def lookups(self, request, model_admin):
-        recent = Job.objects.using(model_admin.using).order_by("-id").values_list("name", flat=True)[:RECENT_NAMES]
-        return [(n, n) for n in sorted(set(registry.registered()) | set(recent))]
+        kind = request.GET.get(KindFilter.parameter_name)
+        newest = of_kind(Job.objects.using(model_admin.using), kind).order_by("-id")
+        recent = newest.values_list("name", flat=True)[:RECENT_NAMES]
+        internal = registry.internal_names()
+        handlers = {n for n in registry.registered() if kind == ALL or (n in internal) == (kind == INTERNAL)}
+        return [(n, n) for n in sorted(handlers | set(recent))]
 
     def queryset(self, request, queryset):
         return queryset if self.value() is None else queryset.filter(name=self.value())
@@ -141,7 +188,7 @@ class JobLive(PerRequest):
 
     @admin.display(description="status", ordering="status")
     def status_text(self, obj: Job) -> str:
-        return nowrap(Job.describe(obj.status, obj.attempt, obj.expires_at, request_now(self.request)))
+        return Job.describe(obj.status, obj.attempt, obj.expires_at, request_now(self.request))
 
     @admin.display(description="run at", ordering="run_at")
     def run_in(self, obj: Job) -> str:
@@ -159,6 +206,25 @@ class JobLive(PerRequest):
         if obj.status != Job.RUNNING or obj.expires_at is None:
             return EMPTY
         return relative(obj.expires_at, request_now(self.request))
+
+    @admin.display(description="when")
+    def when(self, obj: Job) -> str:
+        """The list's one time column, so a row fits the page: when a waiting job is due,
+        how long a running one has run, when a finished one ended and what it took. The
+        times themselves on hover (and every one of them on the job's page)."""
+        now = request_now(self.request)
+        if obj.status in Job.WAITING:
+            parts, times = [ago(obj.run_at, now)], [("due", obj.run_at)]
+        elif obj.status == Job.RUNNING:
+            parts = [f"for {elapsed(obj.started_at, None, now)}" if obj.started_at else EMPTY]
+            times = [("started", obj.started_at), ("lease until", obj.expires_at)]
+        else:
+            took = elapsed(obj.started_at, obj.finished_at, None)
+            parts = [ago(obj.finished_at, now) if obj.finished_at else EMPTY, *([f"took {took}"] if took else [])]
+            times = [("started", obj.started_at), ("finished", obj.finished_at)]
+        title = ", ".join(f"{label} {local_time(moment)}" for label, moment in times if moment)
+        shown = format_html_join(", ", '<span style="white-space: nowrap">{}</span>', ((part,) for part in parts))
+        return format_html('<span title="{}">{}</span>', title, shown)
 
 
 class JobErrorInline(OnDatabaseInline, admin.TabularInline):
@@ -202,8 +268,9 @@ class JobAdmin(ReadOnly):
     """Jobs, quick on a table of a million finished rows: newest first by primary key,
     filters that read no job rows, and a count that stops at `count_limit`."""
 
-    list_filter = (QueueFilter, "status", LeaseFilter, NameFilter, LimitKeyFilter)
+    list_filter = (KindFilter, QueueFilter, "status", LeaseFilter, NameFilter, LimitKeyFilter)
     search_fields = ("^name", "^key", "^limit_key")
+    search_help_text = search.HELP
     ordering = ("-id",)
     show_full_result_count = False
     show_facets = admin.ShowFacets.NEVER
@@ -212,19 +279,30 @@ class JobAdmin(ReadOnly):
     actions = ("retry_selected", "cancel_selected", "discard_selected", "recover_selected")
 
     def get_search_results(self, request, queryset, search_term):
-        """A number finds that job; words find names, keys and limit keys by prefix."""
-        term = search_term.strip().lstrip("#")
-        if term.isdigit():
-            return queryset.filter(pk=int(term)), False
-        return super().get_search_results(request, queryset, search_term)
+        """A number finds that job; payload terms match a payload's field; other words find
+        names, keys and limit keys by prefix (search.HELP). A term that cannot be read
+        finds nothing and says why."""
+        pk = as_id(search_term.strip().lstrip("#"))
+        if pk is not None:
+            return queryset.filter(pk=pk), False
+        try:
+            terms = search.split(search_term)
+        except ValueError as exc:
+            self.message_user(request, f"Search: {exc}.", messages.WARNING)
+            return queryset.none(), False
+        if terms.payload:
+            queryset = search.by_payload(queryset, terms.payload)
+        return super().get_search_results(request, queryset, terms.words)
 
     def get_paginator(self, request, queryset, per_page, orphans=0, allow_empty_first_page=True):
         return CappedPaginator(queryset, per_page, orphans, allow_empty_first_page, limit=self.count_limit)
 
     def get_list_display(self, request):
+        """Seven columns, so a row fits a 1,400 px screen beside the admin's sidebars; what
+        the list leaves out (the queued, start and end times, the lease, the worker's whole
+        name) is on the job's page."""
         live = JobLive.of(request)
-        return ("id", "name", "queue", live.status_text, "attempts", live.run_in, "started", live.duration,
-                live.lease, "worker_short", "finished")
+        return ("id", "job_name", "queue", live.status_text, "attempts", live.when, "worker_short")
 
     def get_fieldsets(self, request, obj=None):
         """Who may act on jobs sees payload and result as stored; viewers see them masked
@@ -245,6 +323,11 @@ class JobAdmin(ReadOnly):
             }),
             ("Payload and result", {"fields": shown}),
         ]
+
+    @admin.display(description="name", ordering="name")
+    def job_name(self, obj: Job) -> str:
+        """Wrapped at its dots when the column is narrow: a task's module path is long."""
+        return format_html_join(mark_safe(".<wbr>"), "{}", ((part,) for part in obj.name.split(".")))
 
     @admin.display(description="attempts")
     def attempts(self, obj: Job) -> str:
@@ -268,11 +351,15 @@ class JobAdmin(ReadOnly):
 
     @admin.display(description="worker", ordering="worker")
     def worker_short(self, obj: Job) -> str:
-        """host:pid, the whole name (with its random part) on hover."""
+        """host:pid, a host name by its first label, cut short with an ellipsis if still
+        long; the whole name (domain, random part) on hover."""
         if not obj.worker:
             return EMPTY
-        short = ":".join(obj.worker.split(":")[:2])
-        return format_html('<span style="white-space: nowrap" title="{}">{}</span>', obj.worker, short)
+        host, *rest = obj.worker.split(":")
+        if not host.replace(".", "").isdigit():  # an IPv4 address stays whole
+            host = host.split(".")[0]
+        short = ":".join([host, *rest[:1]])
+        return format_html('<span style="{}" title="{}">{}</span>', WORKER_STYLE, obj.worker, short)
 
     @admin.display(description="payload")
     def payload_json(self, obj: Job) -> str:
@@ -280,6 +367,8 @@ class JobAdmin(ReadOnly):
 
     @admin.display(description="payload")
     def masked_payload(self, obj: Job) -> str:
+        if obj.backend in conf.tasks_entries():  # a Django task's: its positional arguments too
+            return pretty_json(mask_task_call(obj.name, obj.payload))
         return pretty_json(mask_secrets(obj.payload))
 
     @admin.display(description="result")

@@ -81,7 +81,7 @@ class LimitKeyAdmin(ReadOnly):
         ).order_by("-n_blocked", "name")  # the keys holding most back first
 
     def get_list_display(self, request):
-        return ("name", "running", "blocked", "ready", "concurrency", "rate", "at_limit", "decisions")
+        return ("name", "running", "blocked", "ready", "concurrency", "rate", "at_limit")
 
     def _limits(self, obj: LimitKey) -> limits.Limits:
         return limits.limits_for(obj.name, obj.job_concurrency, obj.job_rate or "", self.using)
@@ -112,7 +112,10 @@ class LimitKeyAdmin(ReadOnly):
             return EMPTY
         return f"{found.starts}/{ {1.0: 's', 60.0: 'm', 3600.0: 'h'}[found.period] }".replace(" ", "")
 
-    @admin.display(description="at its limit", boolean=True)
-    def at_limit(self, obj: LimitKey) -> bool:
+    @admin.display(description="at its limit", empty_value="")
+    def at_limit(self, obj: LimitKey) -> str:
+        """In words, and blank otherwise (not "-"): the admin's red cross for "not at its
+        limit" read as "something is wrong"."""
         found = self._limits(obj)
-        return obj.n_blocked > 0 or (found.concurrency is not None and obj.n_running >= found.concurrency)
+        at = obj.n_blocked > 0 or (found.concurrency is not None and obj.n_running >= found.concurrency)
+        return "at its limit" if at else ""

@@ -21,6 +21,7 @@ from leases.validation import check_queue
 
 from ..jobs import queues
 from ..models import Job, Queue, Worker
+from .jobs import ALL, KindFilter
 from .shared import ReadOnly, relative
 
 
@@ -95,7 +96,8 @@ class QueueAdmin(OnDatabase, admin.ModelAdmin):
 
     def _link(self, obj: Queue, count: int, status: int) -> str:
         url = self.admin_url("leases_tasks_job_changelist")
-        query = urlencode({"queue": obj.name, "status__exact": status})
+        # Of every kind, as counted: internal jobs (a pipeline's events) wait in queues too.
+        query = urlencode({"queue": obj.name, "status__exact": status, KindFilter.parameter_name: ALL})
         return format_html('<a href="{}?{}">{}</a>', url, query, count)
 
     @admin.display(description="waiting", ordering="n_waiting")

@@ -16,7 +16,17 @@ from django.db.models import OuterRef, Subquery
 from django.utils.html import format_html
 
 from leases.management.text import elapsed
-from leases.ops.adminkit import EMPTY, OnDatabase, OnDatabaseInline, PerRequest, compact_time, request_now
+from leases.ops.adminkit import (
+    EMPTY,
+    OnDatabase,
+    OnDatabaseInline,
+    PerRequest,
+    compact_time,
+    may_change,
+    pretty_json,
+    request_now,
+)
+from leases.ops.masking import mask_secrets, mask_text
 
 from .. import schedules
 from ..models import Schedule, ScheduleRun
@@ -76,9 +86,16 @@ class ScheduleRunInline(OnDatabaseInline, admin.TabularInline):
     model = ScheduleRun
     extra = 0
     can_delete = False
-    fields = ("number", "tick", "fired", "job", "status", "duration", "error")
-    readonly_fields = fields
     ordering = ("-number",)
+
+    def get_fields(self, request, obj=None):
+        """Errors quote payloads, URLs and headers, credentials included: as stored only to
+        those who may change the schedule, masked for viewers (as a job's errors are)."""
+        error = "error" if may_change(request, self.parent_model._meta) else "masked_error"
+        return ("number", "tick", "fired", "job", "status", "duration", error)
+
+    def get_readonly_fields(self, request, obj=None):
+        return self.get_fields(request, obj)
 
     def has_add_permission(self, request, obj=None) -> bool:
         return False
@@ -104,6 +121,10 @@ class ScheduleRunInline(OnDatabaseInline, admin.TabularInline):
     @admin.display(description="duration")
     def duration(self, obj: ScheduleRun) -> str:
         return elapsed(obj.started_at, obj.finished_at, None) or EMPTY
+
+    @admin.display(description="error")
+    def masked_error(self, obj: ScheduleRun) -> str:
+        return mask_text(obj.error)
 
 
 class LastStatus(admin.SimpleListFilter):
@@ -145,7 +166,10 @@ class ScheduleAdmin(OnDatabase, admin.ModelAdmin):
         return form
 
     def get_fieldsets(self, request, obj=None):
-        what = ("name", "handler", "pipeline", "payload", "queue", "priority")
+        """Who may change the schedule edits the payload as stored; viewers see it masked
+        (as a job's), since payloads carry credentials to the jobs they make."""
+        payload = "payload" if obj is None or may_change(request, self.opts) else "masked_payload"
+        what = ("name", "handler", "pipeline", payload, "queue", "priority")
         when = ("cron", "every", "at", "timezone", "catch_up", "enabled")
         fieldsets = [
             (None, {"fields": what, "description": "A handler's job with the payload, or a pipeline's run with "
@@ -184,6 +208,10 @@ class ScheduleAdmin(OnDatabase, admin.ModelAdmin):
 
     def delete_model(self, request, obj):
         schedules.unschedule(obj.name, using=self.using)
+
+    @admin.display(description="payload")
+    def masked_payload(self, obj: Schedule) -> str:
+        return pretty_json(mask_secrets(obj.payload))
 
     @admin.display(description="what")
     def what(self, obj: Schedule) -> str:
