@@ -1,20 +1,25 @@
-"""The dashboard's charts, drawn as inline SVG on the server: no JavaScript, no build step.
+"""The dashboard's charts, drawn as inline SVG on the server: no script draws them.
 
 Each chart is an SVG with a title, an aria-label and a tooltip per bar, its text and grid
 lines drawn in currentColor so that it follows the admin's theme, dark mode included.
 Every app's panels are drawn with these: stacked columns over a time window, and rows of
-stacked bars.
+stacked bars. A row, a segment or a legend entry may link to the admin's rows it counts.
+
+A time window's bars are whole minutes (or hours) of the local clock, the last one the
+unit now runs in: a bar's tooltip names exactly the span it counts, and says when that
+span is still running.
 """
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
-from datetime import datetime, timedelta
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString, mark_safe
+from django.utils.text import slugify
 
 #: Colours of states, as the admin shows them.
 GREEN, ORANGE, BLUE, RED, DARK_RED, GREY = "#2e9c4a", "#d08700", "#4a7fd0", "#d3372c", "#8c1d16", "#7a7a7a"
@@ -29,40 +34,62 @@ MAX_ROWS = 30
 
 @dataclass(frozen=True)
 class Window:
-    """A time axis: `bars` steps of one `unit` ending at the page's now, a label every
-    `every` bars."""
+    """A time axis: `bars` whole steps of one `unit` of the local clock, the last one the
+    step the page's now falls in (so it is partial); a clock label on the steps that are
+    a multiple of `every` steps since midnight."""
 
     name: str
     step: timedelta
     bars: int
     every: int
     unit: str
-    short: str
-    clock: str  # strftime of a column's times in its tooltip
+    clock: str  # strftime of a column's start in its tooltip
 
     @property
     def span(self) -> timedelta:
         return self.step * self.bars
 
+    def _since_midnight(self, moment: datetime) -> timedelta:
+        """Wall-clock time since the local midnight (same tzinfo: Python subtracts the
+        wall clocks, so a change to summer time does not shift the steps)."""
+        local = timezone.localtime(moment)
+        return local - local.replace(hour=0, minute=0, second=0, microsecond=0)
 
-HOUR = Window("the last hour", timedelta(minutes=1), 60, 15, "minute", "m", "%H:%M")
-DAY = Window("the last day", timedelta(hours=1), 24, 6, "hour", "h", "%a %H:%M")
+    def start(self, now: datetime) -> datetime:
+        """The beginning of the first bar, in UTC: the beginning of the step `now` falls
+        in, less bars - 1 steps of real time."""
+        began = timezone.localtime(now) - self._since_midnight(now) % self.step
+        return began.astimezone(UTC) - self.step * (self.bars - 1)
+
+    def marked(self, moment: datetime) -> bool:
+        """Whether the axis labels this boundary of a bar (15-minute or 6-hour marks)."""
+        return self._since_midnight(moment) // self.step % self.every == 0
+
+
+HOUR = Window("the last hour", timedelta(minutes=1), 60, 15, "minute", "%H:%M")
+DAY = Window("the last day", timedelta(hours=1), 24, 6, "hour", "%a %H:%M")
 
 
 @dataclass(frozen=True)
 class Series:
+    """One colour of a column chart; `link`, the admin's rows it counts (on its legend)."""
+
     name: str
     colour: str
     values: list[int]
+    link: str = ""
 
 
 @dataclass(frozen=True)
 class Row:
-    """One bar of a row chart: (name, colour, value) segments, left to right."""
+    """One bar of a row chart: (name, colour, value) segments, left to right. `link` is
+    the admin's list of the row's rows (on its label), `links` those of a segment, by name."""
 
     label: str
     segments: list[tuple[str, str, int]]
     note: str
+    link: str = ""
+    links: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -70,6 +97,11 @@ class Panel:
     heading: str
     chart: SafeString
     note: str = ""
+
+    @property
+    def key(self) -> str:
+        """The panel's id on the page, which a refresh swaps by: its heading, slugified."""
+        return slugify(self.heading)
 
 
 def count(n: int, what: str) -> str:
@@ -107,18 +139,56 @@ def _svg(width: float, height: float, label: str) -> SafeString:
     )
 
 
-def _legend(entries: Iterable[tuple[str, str]]) -> SafeString:
+def linked(link: str, inner: SafeString) -> SafeString:
+    """`inner` as a link to `link` (SVG 2 and HTML alike), or as it is without one."""
+    return format_html('<a href="{}">{}</a>', link, inner) if link else inner
+
+
+def _legend(entries: Iterable[tuple[str, str, str]]) -> SafeString:
+    """(colour, name, link) entries; a named entry links to its rows where it has a link."""
     return format_html(
         '<p class="help leases-legend">{}</p>',
         format_html_join(
-            " ", '<span style="white-space: nowrap"><span style="color: {}">■</span> {}</span>', entries
+            " ", '<span style="white-space: nowrap"><span style="color: {}">■</span> {}</span>',
+            ((colour, linked(link, format_html("{}", name))) for colour, name, link in entries),
         ),
     )
 
 
+def link_list(lead: str, entries: Iterable[tuple[str, str]]) -> SafeString:
+    """A line under a chart: `lead`, then (text, link) entries, each a link where it has one."""
+    items = [(linked(link, format_html("{}", text)),) for text, link in entries]
+    if not items:
+        return mark_safe("")
+    return format_html('<p class="help leases-links">{} {}</p>', lead, format_html_join(" · ", "{}", items))
+
+
+def _tooltip(window: Window, begins: datetime, now: datetime, values: str) -> SafeString:
+    """A column's span and values; the span `now` falls in says it is running."""
+    ends = begins + window.step
+    local = timezone.localtime
+    so_far = f", so far (to {local(now):%H:%M:%S})" if ends > now else ""
+    return format_html(
+        "{} to {}{}: {}", local(begins).strftime(window.clock), local(ends).strftime("%H:%M"), so_far, values
+    )
+
+
+def _axis(window: Window, origin: datetime, slot: float, base: float) -> list[SafeString]:
+    """Clock labels under the bars' boundaries that fall on the window's marks."""
+    marks = []
+    for i in range(window.bars + 1):
+        moment = origin + i * window.step
+        if window.marked(moment):
+            marks.append(format_html(
+                '<text x="{}" y="{}" text-anchor="middle" fill="currentColor">{}</text>',
+                _px(LEFT + i * slot), base + 16, timezone.localtime(moment).strftime("%H:%M"),
+            ))
+    return marks
+
+
 def columns(label: str, window: Window, series: list[Series], now: datetime) -> SafeString:
     """Stacked columns, one per bar of `window` (oldest left), on a round y axis; each
-    column's tooltip gives its time and values."""
+    column's tooltip gives its span and values."""
     totals = [sum(s.values[i] for s in series) for i in range(window.bars)]
     top, step = _scale(max(totals, default=0))
     slot = PLOT_W / window.bars
@@ -131,15 +201,13 @@ def columns(label: str, window: Window, series: list[Series], now: datetime) -> 
             '<text x="{3}" y="{1}" dy="4" text-anchor="end" fill="currentColor">{4}</text>',
             LEFT, y, LEFT + PLOT_W, LEFT - 6, f"{mark:,}",
         ))
-    origin = now - window.span
+    origin = window.start(now)
     for i in range(window.bars):
         x = LEFT + i * slot
-        begins = timezone.localtime(origin + i * window.step)
-        ends = timezone.localtime(origin + (i + 1) * window.step)
         values = ", ".join(f"{s.values[i]:,} {s.name}" for s in series if s.values[i]) or "none"
         parts.append(format_html(
-            '<g><title>{} to {}: {}</title><rect x="{}" y="{}" width="{}" height="{}" fill="transparent"/>',
-            begins.strftime(window.clock), ends.strftime("%H:%M"), values, _px(x), TOP, _px(slot), PLOT_H,
+            '<g><title>{}</title><rect x="{}" y="{}" width="{}" height="{}" fill="transparent"/>',
+            _tooltip(window, origin + i * window.step, now, values), _px(x), TOP, _px(slot), PLOT_H,
         ))
         stacked = 0
         for s in series:
@@ -151,18 +219,39 @@ def columns(label: str, window: Window, series: list[Series], now: datetime) -> 
                     _px(x + 0.5), _px(base - stacked), _px(max(slot - 1, 1)), _px(height), s.colour,
                 ))
         parts.append(mark_safe("</g>"))
-    for i in range(0, window.bars + 1, window.every):
-        ago = window.bars - i
-        parts.append(format_html(
-            '<text x="{}" y="{}" text-anchor="middle" fill="currentColor">{}</text>',
-            _px(LEFT + i * slot), base + 16, f"-{ago}{window.short}" if ago else "now",
-        ))
+    parts += _axis(window, origin, slot, base)
     parts.append(mark_safe("</svg>"))
     return format_html(
         '<div class="leases-figure">{}</div>{}',
         mark_safe("".join(parts)),  # safe: each part was built by format_html
-        _legend((s.colour, s.name) for s in series),
+        _legend((s.colour, s.name, s.link) for s in series),
     )
+
+
+def _row(row: Row, y: int, scale: float) -> SafeString:
+    """One row: its label (a link to its rows, if any), note, track and segments (each a
+    link to its own rows, if any)."""
+    name = format_html(
+        '<text x="0" y="{}" font-weight="bold" fill="currentColor">{}</text>',
+        y + 12, row.label if len(row.label) <= 30 else row.label[:29] + "…",
+    )
+    parts = [format_html(
+        '<g><title>{}: {}</title>{}<text x="{}" y="{}" text-anchor="end" fill="currentColor">{}</text>'
+        '<rect x="0" y="{}" width="{}" height="{}" fill="currentColor" fill-opacity="0.08"/>',
+        row.label, row.note,
+        linked(row.link, name),
+        WIDTH, y + 12, row.note, y + 17, WIDTH, BAR_H,
+    )]
+    x = 0.0
+    for segment, colour, value in row.segments:
+        if value:
+            parts.append(linked(row.links.get(segment, ""), format_html(
+                '<rect x="{}" y="{}" width="{}" height="{}" fill="{}"><title>{}: {} {}</title></rect>',
+                _px(x), y + 17, _px(value * scale), BAR_H, colour, row.label, f"{value:,}", segment,
+            )))
+            x += value * scale
+    parts.append(mark_safe("</g>"))
+    return mark_safe("".join(parts))  # safe: each part was built by format_html
 
 
 def rows_chart(label: str, rows: list[Row], shares: bool) -> SafeString:
@@ -173,25 +262,9 @@ def rows_chart(label: str, rows: list[Row], shares: bool) -> SafeString:
     extra = len(rows) > MAX_ROWS
     parts = [_svg(WIDTH, ROW_H * (len(shown) + extra), label)]
     for n, row in enumerate(shown):
-        y = n * ROW_H
         total = sum(v for _, _, v in row.segments)
         scale = (WIDTH / total if total else 0.0) if shares else (WIDTH / peak if peak else 0.0)
-        parts.append(format_html(
-            '<g><title>{}: {}</title><text x="0" y="{}" font-weight="bold" fill="currentColor">{}</text>'
-            '<text x="{}" y="{}" text-anchor="end" fill="currentColor">{}</text>'
-            '<rect x="0" y="{}" width="{}" height="{}" fill="currentColor" fill-opacity="0.08"/>',
-            row.label, row.note, y + 12, row.label if len(row.label) <= 30 else row.label[:29] + "…",
-            WIDTH, y + 12, row.note, y + 17, WIDTH, BAR_H,
-        ))
-        x = 0.0
-        for name, colour, value in row.segments:
-            if value:
-                parts.append(format_html(
-                    '<rect x="{}" y="{}" width="{}" height="{}" fill="{}"><title>{}: {} {}</title></rect>',
-                    _px(x), y + 17, _px(value * scale), BAR_H, colour, row.label, f"{value:,}", name,
-                ))
-                x += value * scale
-        parts.append(mark_safe("</g>"))
+        parts.append(_row(row, n * ROW_H, scale))
     if extra:
         parts.append(format_html(
             '<text x="0" y="{}" fill="currentColor">… and {} more</text>',
@@ -202,5 +275,5 @@ def rows_chart(label: str, rows: list[Row], shares: bool) -> SafeString:
     return format_html(
         '<div class="leases-figure">{}</div>{}',
         mark_safe("".join(parts)),  # safe: each part was built by format_html
-        _legend(legend),
+        _legend((colour, name, "") for colour, name in legend),
     )

@@ -1,5 +1,6 @@
 """The base app's part of the dashboard and the metrics: resource pools (slots by state,
-fencing tokens) and named locks, each one grouped query by the caller's database clock."""
+fencing tokens) and named locks, each one grouped query by the caller's database clock.
+Both need the view permission of resources (the locks held are one count beside them)."""
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -12,6 +13,11 @@ from leases import db
 from leases.models import Lock, Resource
 
 from .charts import BLUE, GREEN, ORANGE, RED, Panel, Row, count, nothing, rows_chart
+from .links import changelist
+from .readings import needs
+
+#: What a viewer needs to see the pools' panel and metrics, and the list it links to.
+VIEW, RESOURCES = "leases.view_resource", "leases.resource"
 
 #: A pool's bar shows its states in this order, in the admin's colours.
 STATE_COLOURS = {
@@ -52,22 +58,28 @@ def locks_held(now: datetime, using: str | None = None) -> int:
 
 
 def pools(now: datetime, using: str) -> Panel:
-    """Each pool's slots as shares of the pool: pools of 5 and 5,000 read alike."""
+    """Each pool's slots as shares of the pool: pools of 5 and 5,000 read alike. A pool
+    links to its resources in the admin, a state to those in that state."""
     rows = []
     for pool, counts in resources_by_pool(now, using).items():
         segments = [(state, colour, counts[state]) for state, colour in STATE_COLOURS.items()]
         note = " · ".join(count(n, state) for state, _, n in segments if n)
-        rows.append(Row(pool, segments, f"{note} of {sum(n for _, _, n in segments):,}"))
+        links = {state: changelist(RESOURCES, using, pool__exact=pool, state=state)
+                 for state in STATE_COLOURS}
+        rows.append(Row(pool, segments, f"{note} of {sum(n for _, _, n in segments):,}",
+                        changelist(RESOURCES, using, pool__exact=pool), links))
     if not rows:
         return Panel("Resource pools", nothing("No resources yet."))
     return Panel("Resource pools", rows_chart(f"Slots of {len(rows)} pool(s) by state", rows, shares=True))
 
 
+@needs(VIEW)
 def pool_panels(now: datetime, using: str) -> list[Panel]:
     """The pools' panel: one query."""
     return [pools(now, using)]
 
 
+@needs(VIEW)
 def lease_metrics(now: datetime, using: str) -> Iterator[Any]:
     """Slots by state and fencing tokens per pool, and locks held: two queries."""
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily

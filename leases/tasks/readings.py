@@ -1,12 +1,20 @@
 """What the operators' dashboard and metrics read of the job queue and the dispatchers,
-added to them by this app's ready() (see `leases.ops.readings`).
+added to them by this app's ready() (see `leases.ops.readings`): the jobs' readings for
+viewers who may view jobs, the dispatchers' for those who may view dispatchers.
+
+What finished describes the operators' work, so internal jobs (an app's bookkeeping, a
+pipeline's advance event: `registry.internal_names()`) are left out of it, by name in
+the grouped query or in its grouped rows, never row by row. What waits is the queues'
+load, internal jobs included.
 
 Queue depth is reconstructed from the job rows, one grouped query per window: a job
 waited at time t when ``enqueued_at <= t`` and it had not left by t, leaving when it
-started (its last claim) or, if it never ran, when it ended. It is an approximation:
-only rows still in the table count, so pruned jobs (`leases_prune`, and the runs beyond
-LEASES_KEEP_RUNS of a key) are missing; a job now waiting for a retry counts as waiting
-since it was first enqueued; a job delayed into the future counts from its push.
+started (its last claim) or, if it never ran, when it ended. A bar shows the most jobs
+that waited at once within it, so a backlog cleared in seconds still shows. It is an
+approximation: only rows still in the table count, so pruned jobs (`leases_prune`, and
+the runs beyond LEASES_KEEP_RUNS of a key) are missing; a job now waiting for a retry
+counts as waiting since it was first enqueued; a job delayed into the future counts
+from its push.
 """
 from __future__ import annotations
 
@@ -31,6 +39,7 @@ from django.db.models import (
     Sum,
 )
 from django.db.models.functions import Coalesce
+from django.utils.safestring import SafeString
 
 from leases import db
 from leases.ops.charts import (
@@ -46,16 +55,27 @@ from leases.ops.charts import (
     Series,
     Window,
     columns,
+    link_list,
     nothing,
     rows_chart,
 )
-from leases.ops.readings import WINDOW
+from leases.ops.links import changelist
+from leases.ops.readings import WINDOW, needs
+from leases.sql import in_list
 
-from . import sql
+from . import registry, sql
 from .models import DispatchWorker, Job, PoolTask, Queue, TaskPool
 
 #: One colour per queue in the depth charts, busiest first; the last is for the rest.
 QUEUE_COLOURS = ("#4a7fd0", "#9b59b6", "#17a2b8", "#d08700", "#8d6e63", "#7a7a7a")
+#: Queues named under a throughput chart, the busiest; the rest are counted.
+LISTED_QUEUES = 10
+#: The admin's list the panels link to, and what a viewer needs to see them.
+JOBS, VIEW_JOBS, VIEW_DISPATCHERS = "leases_tasks.job", "leases_tasks.view_job", "leases_tasks.view_taskpool"
+#: (queue, status): jobs finished in each bar of a window.
+Found = dict[tuple[str, int], list[int]]
+#: Said wherever finished jobs are counted.
+LEFT_OUT = "Internal jobs (an app's bookkeeping, such as a pipeline's advance events) are left out."
 
 
 # -- readings ---------------------------------------------------------------------------
@@ -105,13 +125,14 @@ class Outcomes:
 
 
 def job_outcomes(since: datetime, now: datetime, using: str | None = None) -> list[Outcomes]:
-    """Jobs finished from `since` to `now` by queue, name and status: one grouped query
-    over the finished_at index. A job cancelled while waiting never ran: no run time.
+    """Jobs finished from `since` to `now` by queue, name and status, internal jobs left
+    out of the grouped rows: one grouped query over the finished_at index. A job
+    cancelled while waiting never ran: no run time.
 
     The range is closed on both sides so that SQLite's planner, with no statistics, picks
     the finished_at index instead of scanning the claim index for the GROUP BY's order."""
     took = ExpressionWrapper(F("finished_at") - F("started_at"), output_field=DurationField())
-    names = dict(Job.STATUSES)
+    names, internal = dict(Job.STATUSES), registry.internal_names()
     rows = (
         Job.objects.using(db.alias(using)).filter(finished_at__range=(since, now))
         .order_by().values("queue", "name", "status")
@@ -123,7 +144,7 @@ def job_outcomes(since: datetime, now: datetime, using: str | None = None) -> li
             row["total"].total_seconds() if row["total"] is not None else 0.0,
             row["longest"].total_seconds() if row["longest"] is not None else 0.0,
         )
-        for row in rows
+        for row in rows if row["name"] not in internal
     ]
 
 
@@ -150,59 +171,78 @@ def dispatcher_sizes(using: str | None = None) -> dict[str, dict[str, int]]:
     return {row["name"]: {key: row[key] for key in ("pool", "bucket", "workers")} for row in rows}
 
 
-def finished_per_bar(window: Window, now: datetime, using: str) -> dict[tuple[str, int], list[int]]:
-    """(queue, status): jobs that succeeded, failed or died in each bar of `window`. One
-    grouped query over the finished_at index (a closed range, which SQLite's planner
-    takes; filtering on status too would send it to the claim index)."""
+def finished_per_bar(window: Window, now: datetime, using: str) -> Found:
+    """(queue, status): jobs that succeeded, failed or died in each bar of `window`, but
+    internal ones. One grouped query over the finished_at index (a closed range, which
+    SQLite's planner takes; filtering on status too would send it to the claim index)."""
     connection = connections[using]
     stored = db.dialect(connection).stored_datetime
-    start, end = stored(now - window.span), stored(now)
-    seconds = int(window.step.total_seconds())
-    found: dict[tuple[str, int], list[int]] = defaultdict(lambda: [0] * window.bars)
+    start, end = stored(window.start(now)), stored(now)
+    internal = sorted(registry.internal_names()) or [""]  # no job is named "": NOT IN ('') drops none
+    statements = sql.readings(connection)
+    found: Found = defaultdict(lambda: [0] * window.bars)
     with connection.cursor() as cursor:
-        cursor.execute(sql.readings(connection).finished_per_bar, (start, seconds, start, end))
+        cursor.execute(statements.finished_per_bar + in_list(internal) + statements.finished_per_bar_tail,
+                       (start, int(window.step.total_seconds()), start, end, *internal))
         for queue, status, bar, n in cursor.fetchall():
             if status in (Job.SUCCEEDED, Job.FAILED, Job.DEAD):
                 found[queue, status][min(int(bar), window.bars - 1)] += n
     return found
 
 
-def waiting_per_bar(window: Window, now: datetime, using: str) -> dict[str, list[int]]:
-    """Per queue, the jobs waiting at the end of each bar of `window` (see the module's
-    docstring). Each job in reach is reduced to the bar it entered and the bar it left,
-    grouped in SQL, so the rows read back are at most (bars + 1)^2 per queue.
+@dataclass(frozen=True)
+class Waiting:
+    """A queue's jobs waiting over a window: the most at once within each bar, and now."""
 
-    Two branches of one statement, each on an index: unfinished jobs (claim index) and
-    jobs that ended within the window (finished_at index, set only on finished jobs);
-    nothing else waited in it.
-    """
+    peaks: list[int]
+    now: int
+
+
+def waiting_per_bar(window: Window, now: datetime, using: str) -> dict[str, Waiting]:
+    """Per queue, the most jobs waiting at once within each bar of `window` (see the
+    module's docstring), from one statement that reads back a row per queue and bar: the
+    peak within the bar, if anything moved in it, and the change over it. A bar where
+    nothing moved peaks at what waited when it began."""
     connection = connections[using]
     stored = db.dialect(connection).stored_datetime
-    start, end = stored(now - window.span), stored(now)
-    seconds = int(window.step.total_seconds())
-    params = (start, start, seconds, window.bars, start, start, seconds)
-    changes: dict[str, list[int]] = defaultdict(lambda: [0] * (window.bars + 1))
+    start, end = stored(window.start(now)), stored(now)
+    params = (start, end, start, start, start, start, int(window.step.total_seconds()))
+    moved: dict[str, dict[int, tuple[int, int]]] = defaultdict(dict)
     with connection.cursor() as cursor:
-        cursor.execute(sql.readings(connection).waits_per_bar, (*params, *params, start, end))
-        for queue, entered, gone, n in cursor.fetchall():
-            entered, gone = int(entered), min(int(gone), window.bars)
-            if gone > entered:
-                changes[queue][entered] += n
-                changes[queue][gone] -= n
-    depth = {}
-    for queue, steps in changes.items():
-        running, depth[queue] = 0, []
-        for change in steps[:-1]:
-            running += change
-            depth[queue].append(running)
-    return depth
+        cursor.execute(sql.readings(connection).waiting_per_bar, params)
+        for queue, bar, peak, change in cursor.fetchall():
+            if int(bar) < window.bars:  # a job pushed since `now` was read
+                moved[queue][int(bar)] = (int(peak), int(change))
+    found = {}
+    for queue, bars in moved.items():
+        waiting, peaks = 0, []
+        for bar in range(window.bars):
+            peak, change = bars.get(bar, (waiting, 0))
+            peaks.append(max(peak, waiting))
+            waiting += change
+        found[queue] = Waiting(peaks, waiting)
+    return found
 
 
 # -- panels -----------------------------------------------------------------------------
 
 
-def throughput(window: Window, found: dict[tuple[str, int], list[int]], now: datetime) -> Panel:
-    """Succeeded under failed or dead, every queue together (failures per queue are below)."""
+def _by_queue(found: Found, using: str) -> SafeString:
+    """The busiest queues of a throughput chart, each a link to its jobs in the admin."""
+    totals: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for (queue, status), values in found.items():
+        totals[queue][status != Job.SUCCEEDED] += sum(values)
+    order = sorted(totals, key=lambda queue: (-sum(totals[queue]), queue))
+    entries = [(f"{queue}: {totals[queue][0]:,} succeeded, {totals[queue][1]:,} failed or dead",
+                changelist(JOBS, using, queue=queue)) for queue in order[:LISTED_QUEUES]]
+    if len(order) > LISTED_QUEUES:
+        entries.append((f"{len(order) - LISTED_QUEUES:,} more", ""))
+    return link_list("By queue:", entries)
+
+
+def throughput(window: Window, found: Found, now: datetime, using: str) -> Panel:
+    """Succeeded under failed or dead, every queue together, then each queue's totals
+    (failures per queue are below)."""
     ok, bad = [0] * window.bars, [0] * window.bars
     for (_, status), values in found.items():
         into = ok if status == Job.SUCCEEDED else bad
@@ -213,52 +253,68 @@ def throughput(window: Window, found: dict[tuple[str, int], list[int]], now: dat
         f" {sum(bad):,} failed or dead"
     )
     series = [Series("succeeded", GREEN, ok), Series("failed or dead", RED, bad)]
-    return Panel(f"Jobs finished per {window.unit}, {window.name}", columns(label, window, series, now))
+    chart = columns(label, window, series, now) + _by_queue(found, using)
+    return Panel(f"Jobs finished per {window.unit}, {window.name}", chart, LEFT_OUT)
 
 
-def depth(window: Window, waiting: dict[str, list[int]], now: datetime) -> Panel:
-    """Queues stacked, the busiest first; past the palette, the rest are summed."""
-    order = sorted(waiting, key=lambda queue: (-max(waiting[queue]), queue))
+def depth(window: Window, waiting: dict[str, Waiting], now: datetime, using: str) -> Panel:
+    """Queues stacked, the busiest first, each a link to its ready jobs; past the
+    palette, the rest are summed."""
+    order = sorted(waiting, key=lambda queue: (-max(waiting[queue].peaks), queue))
     named = order[: len(QUEUE_COLOURS) - 1] if len(order) > len(QUEUE_COLOURS) else order
-    series = [Series(queue, QUEUE_COLOURS[n], waiting[queue]) for n, queue in enumerate(named)]
+    series = [Series(queue, QUEUE_COLOURS[n], waiting[queue].peaks,
+                     changelist(JOBS, using, queue=queue, status__exact=Job.READY))
+              for n, queue in enumerate(named)]
     rest = order[len(named):]
     if rest:
-        summed = [sum(waiting[queue][i] for queue in rest) for i in range(window.bars)]
+        summed = [sum(waiting[queue].peaks[i] for queue in rest) for i in range(window.bars)]
         series.append(Series(f"{len(rest)} other queues", QUEUE_COLOURS[-1], summed))
-    now_waiting = sum(s.values[-1] for s in series)
-    label = f"Jobs waiting at the end of each {window.unit} over {window.name}; {now_waiting:,} now"
+    now_waiting = sum(found.now for found in waiting.values())
+    label = f"Peak of jobs waiting in each {window.unit} over {window.name}; {now_waiting:,} now"
     return Panel(
         f"Jobs waiting, {window.name}", columns(label, window, series, now),
-        "Rebuilt from the job rows still in the table: pruned jobs are missing.",
+        f"Each bar is the most jobs that waited at once in its {window.unit}. Rebuilt from the job rows"
+        " still in the table: pruned jobs are missing.",
     )
 
 
-def failures(day: dict[tuple[str, int], list[int]], hour: dict[tuple[str, int], list[int]]) -> Panel:
-    """Failed and dead jobs per queue over the day, worst first, from the throughput
-    readings (no query of its own); the note gives the rate and the last hour's count."""
-    def per_queue(found: dict[tuple[str, int], list[int]]) -> dict[str, dict[int, int]]:
-        totals: dict[str, dict[int, int]] = defaultdict(lambda: defaultdict(int))
-        for (queue, status), values in found.items():
-            totals[queue][status] += sum(values)
-        return totals
+#: The parts of a queue's bar in the failures panel, left to right: (name, colour, status).
+OUTCOMES = (("failed", RED, Job.FAILED), ("dead", DARK_RED, Job.DEAD), ("succeeded", GREEN, Job.SUCCEEDED))
 
-    days, hours = per_queue(day), per_queue(hour)
 
-    def failed(queue: str, totals: dict[str, dict[int, int]]) -> tuple[int, int]:
-        counts = totals.get(queue, {})
-        return counts.get(Job.FAILED, 0) + counts.get(Job.DEAD, 0), sum(counts.values())
+def _per_queue(found: Found) -> dict[str, dict[int, int]]:
+    """Jobs finished over the whole window, per queue and status."""
+    totals: dict[str, dict[int, int]] = defaultdict(lambda: defaultdict(int))
+    for (queue, status), values in found.items():
+        totals[queue][status] += sum(values)
+    return totals
 
+
+def _failed(counts: dict[int, int]) -> tuple[int, int]:
+    """Failed or dead, of all finished."""
+    return counts.get(Job.FAILED, 0) + counts.get(Job.DEAD, 0), sum(counts.values())
+
+
+def failures(day: Found, hour: Found, using: str) -> Panel:
+    """Each queue's finished jobs over the day, the failed and dead as their parts of it,
+    worst first, from the throughput readings (no query of its own); the note gives the
+    rate and the last hour's count. A queue links to its jobs, a part to its status's."""
+    days, hours = _per_queue(day), _per_queue(hour)
     rows = []
-    for queue in sorted(days, key=lambda q: (-failed(q, days)[0], q)):
-        bad, done = failed(queue, days)
-        bad_hour, done_hour = failed(queue, hours)
-        note = f"{bad:,} of {done:,} ({bad / done:.1%}); last hour {bad_hour:,} of {done_hour:,}"
-        rows.append(Row(queue, [("failed", RED, days[queue].get(Job.FAILED, 0)),
-                                ("dead", DARK_RED, days[queue].get(Job.DEAD, 0))], note))
+    for queue in sorted(days, key=lambda q: (-_failed(days[q])[0], q)):
+        (bad, done), (bad_hour, done_hour) = _failed(days[queue]), _failed(hours.get(queue, {}))
+        rows.append(Row(
+            queue, [(name, colour, days[queue].get(status, 0)) for name, colour, status in OUTCOMES],
+            f"{bad:,} of {done:,} ({bad / done:.1%}); last hour {bad_hour:,} of {done_hour:,}",
+            changelist(JOBS, using, queue=queue),
+            {name: changelist(JOBS, using, queue=queue, status__exact=code) for name, _, code in OUTCOMES},
+        ))
+    heading = "Failures per queue, the last day"
     if not rows:
-        return Panel("Failures per queue, the last day", nothing("No job finished in the last day."))
-    label = f"Failed and dead jobs per queue over the last day, {len(rows)} queue(s)"
-    return Panel("Failures per queue, the last day", rows_chart(label, rows, shares=False))
+        return Panel(heading, nothing("No job finished in the last day."))
+    label = f"Failed and dead jobs as parts of each queue's finished jobs, last day, {len(rows)} queue(s)"
+    note = f"A queue's bar is its jobs that succeeded, failed or died. {LEFT_OUT}"
+    return Panel(heading, rows_chart(label, rows, shares=True), note)
 
 
 def dispatchers(using: str) -> Panel:
@@ -274,16 +330,18 @@ def dispatchers(using: str) -> Panel:
     return Panel("Dispatchers", rows_chart(f"Tasks of {len(rows)} dispatcher(s)", rows, shares=False))
 
 
+@needs(VIEW_JOBS)
 def job_panels(now: datetime, using: str) -> list[Panel]:
     """Jobs finished and waiting over the hour and the day, and failures per queue: four
     queries (the failures are counted from the finished jobs' readings)."""
     hour, day = finished_per_bar(HOUR, now, using), finished_per_bar(DAY, now, using)
-    found = [throughput(HOUR, hour, now), throughput(DAY, day, now)]
-    found += [depth(window, waiting_per_bar(window, now, using), now) for window in (HOUR, DAY)]
-    found.append(failures(day, hour))
+    found = [throughput(HOUR, hour, now, using), throughput(DAY, day, now, using)]
+    found += [depth(window, waiting_per_bar(window, now, using), now, using) for window in (HOUR, DAY)]
+    found.append(failures(day, hour, using))
     return found
 
 
+@needs(VIEW_DISPATCHERS)
 def dispatcher_panels(now: datetime, using: str) -> list[Panel]:
     """The dispatchers' panel: one query."""
     return [dispatchers(using)]
@@ -292,6 +350,7 @@ def dispatcher_panels(now: datetime, using: str) -> list[Panel]:
 # -- metric families ----------------------------------------------------------------------
 
 
+@needs(VIEW_JOBS)
 def job_metrics(now: datetime, using: str) -> Iterator[Any]:
     """Jobs per queue and status, the queues' oldest due job and pause, and the outcomes
     and run times of the last hour: three queries."""
@@ -309,7 +368,8 @@ def job_metrics(now: datetime, using: str) -> Iterator[Any]:
     jobs = GaugeMetricFamily(
         "leases_jobs",
         "Jobs per queue: ready, blocked and running now; succeeded, failed, dead and cancelled: finished"
-        " in the last hour.",
+        " in the last hour, internal jobs (an app's bookkeeping, such as a pipeline's advance events) left"
+        " out.",
         labels=["queue", "status"],
     )
     for queue in queues:
@@ -341,7 +401,9 @@ def _outcome_metrics(durations: dict[tuple[str, str], list[Outcomes]]) -> Iterat
     from prometheus_client.core import GaugeMetricFamily
 
     finished = GaugeMetricFamily(
-        "leases_job_outcomes", "Jobs finished in the last hour by queue, name and outcome.",
+        "leases_job_outcomes",
+        "Jobs finished in the last hour by queue, name and outcome; internal jobs (an app's bookkeeping, such"
+        " as a pipeline's advance events) are left out, here and in the run times.",
         labels=["queue", "name", "status"],
     )
     mean = GaugeMetricFamily(
@@ -365,6 +427,7 @@ def _outcome_metrics(durations: dict[tuple[str, str], list[Outcomes]]) -> Iterat
     yield longest
 
 
+@needs(VIEW_DISPATCHERS)
 def dispatcher_metrics(now: datetime, using: str) -> Iterator[Any]:
     """Tasks in each dispatcher's pool and buckets, and its workers: one query."""
     from prometheus_client.core import GaugeMetricFamily

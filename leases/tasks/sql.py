@@ -20,20 +20,23 @@ from .models import JobStatus, RunStatus, TaskState
 
 _CLAIMED_COLUMNS = (
     "id, priority, run_at, queue, name, backend, payload, attempt, max_attempts, dedupe_key, claims, on_finish,"
-    " limit_key, concurrency, rate"
+    " limit_key, concurrency, rate, traceparent"
 )
 
 JOBS = {
     # -- push: one row per job, a VALUES group per job ("values_after" or "values_at") --
     "insert": (
         "INSERT INTO {j} (queue, name, backend, on_finish, payload, dedupe_key, pending_key, priority,"
-        " limit_key, concurrency, rate, max_attempts, run_at, status, attempt, claims, pushes, worker,"
-        " enqueued_at) VALUES "
+        " limit_key, concurrency, rate, max_attempts, traceparent, run_at, status, attempt, claims, pushes,"
+        " worker, enqueued_at) VALUES "
     ),
     # params: queue, name, backend, on_finish, payload, key, key, priority, limit key,
-    # concurrency, rate, max_attempts, then the delay ("after") or the run time ("at")
-    "values_after": "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, {later}, {job.ready}, 0, 0, 1, '', {now})",
-    "values_at": "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, {job.ready}, 0, 0, 1, '', {now})",
+    # concurrency, rate, max_attempts, traceparent, then the delay ("after") or the run
+    # time ("at")
+    "values_after": (
+        "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, {later}, {job.ready}, 0, 0, 1, '', {now})"
+    ),
+    "values_at": "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, {job.ready}, 0, 0, 1, '', {now})",
     # A waiting job with the same key takes the new run time and priority (the latest
     # push says what is wanted now), keeps its name and payload, and counts the push.
     "merge_waiting": " {upsert[pending_key]} run_at = {new[run_at]}, priority = {new[priority]}, pushes = pushes + 1",
@@ -325,26 +328,40 @@ DISPATCH = {
 }
 
 # What the operators' dashboard reads of the jobs (see leases.tasks.readings).
-_LEFT = "COALESCE(started_at, finished_at)"
-_ENTERED_AND_LEFT = (
-    "SELECT queue, CASE WHEN enqueued_at < %s THEN 0 ELSE {steps[enqueued_at]} END AS entered,"
-    " CASE WHEN status IN ({job.ready}, {job.blocked}) THEN %s WHEN " + _LEFT + " < %s THEN 0"
-    " ELSE {steps[" + _LEFT + "]} END AS gone FROM {j}"
+# The jobs in reach of a window, each with when it joined the queue and when it left it
+# (NULL while it waits): its last start, or its end if it never ran.
+_WAITS = (
+    "SELECT queue, enqueued_at AS entered, CASE WHEN status IN ({job.ready}, {job.blocked}) THEN NULL"
+    " ELSE COALESCE(started_at, finished_at) END AS gone FROM {j}"
 )
 READINGS = {
     # Jobs that finished in each bar of a window, through the finished_at index (a closed
-    # range, which SQLite's planner takes). params: start, step, start, end
+    # range, which SQLite's planner takes), but for the names the caller lists: "IN (" is
+    # completed by a placeholder per name (sql.in_list), then "finished_per_bar_tail".
+    # params: start, step, start, end, the names
     "finished_per_bar": (
         "SELECT queue, status, {steps[finished_at]} AS bar, COUNT(*) FROM {j}"
-        " WHERE finished_at BETWEEN %s AND %s GROUP BY queue, status, bar"
+        " WHERE finished_at BETWEEN %s AND %s AND name NOT IN ("
     ),
-    # The bar each job in reach entered and left the queue: unfinished jobs through the
-    # claim index, and jobs that ended within the window through finished_at. params:
-    # start, start, step, bars, start, start, step; the same again; start, end
-    "waits_per_bar": (
-        "SELECT queue, entered, gone, COUNT(*) FROM (" + _ENTERED_AND_LEFT
-        + " WHERE status IN ({job.ready}, {job.blocked}, {job.running}) UNION ALL " + _ENTERED_AND_LEFT
-        + " WHERE finished_at BETWEEN %s AND %s) AS waits GROUP BY queue, entered, gone"
+    "finished_per_bar_tail": " GROUP BY queue, status, bar",
+    # The peak of jobs waiting within each bar of a window, per queue, and the change over
+    # the bar. The jobs in reach (unfinished ones through the claim index, those that
+    # ended within the window through finished_at) become moves: +1 when one joined (the
+    # ones that joined before the window count at its start, in its first bar), -1 when
+    # it left within the window; a running sum over each queue's moves is the number
+    # waiting after each, a leaving counted before a joining at the same instant. The
+    # rows read back are one per queue and bar, however many jobs moved.
+    # params: start, end, start, start, start, start, step
+    "waiting_per_bar": (
+        "WITH waits AS (" + _WAITS + " WHERE status IN ({job.ready}, {job.blocked}, {job.running})"
+        " UNION ALL " + _WAITS + " WHERE finished_at BETWEEN %s AND %s),"
+        " moves AS (SELECT queue, entered AS moved_at, 1 AS delta FROM waits"
+        " WHERE gone IS NULL OR (gone > entered AND gone > %s)"
+        " UNION ALL SELECT queue, gone, -1 FROM waits WHERE gone > entered AND gone > %s)"
+        " SELECT queue, bar, MAX(waiting), SUM(delta) FROM (SELECT queue, delta,"
+        " CASE WHEN moved_at < %s THEN 0 ELSE {steps[moved_at]} END AS bar,"
+        " SUM(delta) OVER (PARTITION BY queue ORDER BY moved_at, delta) AS waiting FROM moves) AS counted"
+        " GROUP BY queue, bar"
     ),
 }
 

@@ -1,12 +1,14 @@
 """The Prometheus endpoint: values read from the tables by the database clock, its access
-rules, its answer without prometheus_client, and a query count that does not grow with rows."""
+rules (the bearer token reads everything, staff the families of the models they may view),
+internal jobs left out of the outcomes, both spellings of its URL, its answer without
+prometheus_client, and a query count that does not grow with rows."""
 from __future__ import annotations
 
 import sys
 from datetime import timedelta
 
 import pytest
-from django.contrib.auth.models import User
+from django.contrib.auth.models import Permission, User
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
@@ -17,6 +19,7 @@ import leases.metrics
 import leases.ops.metrics
 from leases.clock import db_now
 from leases.locks import acquire_lock
+from leases.pipelines import machine
 from leases.pipelines.models import Run
 from leases.pool import Pool
 from leases.tasks.dispatcher import Dispatcher
@@ -26,11 +29,16 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 URL = reverse("leases:metrics")
 TOKEN = "s3cret-token"
-
-
-@pytest.fixture(autouse=True)
-def fast_passwords(settings):
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+#: The families each view permission shows.
+FAMILIES = {
+    "leases.view_resource": {"leases_resources", "leases_lease_acquisitions", "leases_locks_held"},
+    "leases_tasks.view_job": {
+        "leases_jobs", "leases_queue_oldest_due_age_seconds", "leases_queue_paused", "leases_job_outcomes",
+        "leases_job_duration_mean_seconds", "leases_job_duration_max_seconds",
+    },
+    "leases_tasks.view_taskpool": {"leases_dispatcher_tasks", "leases_dispatcher_workers"},
+    "leases_pipelines.view_run": {"leases_pipeline_runs"},
+}
 
 
 def job(name: str, status: int, queue: str = "default", ran: float | None = None, ended_ago: float = 60,
@@ -116,6 +124,21 @@ def value(found: dict, metric: str, /, **labels: str) -> float:
     return found[metric, tuple(sorted(labels.items()))]
 
 
+def families(client, url: str = URL, **headers) -> dict[str, str]:
+    """{family name: its help} of the endpoint's answer."""
+    response = client.get(url, **headers)
+    assert response.status_code == 200, response.content
+    return {family.name: family.documentation for family in text_string_to_metric_families(response.content.decode())}
+
+
+def staff(name: str, *permissions: str) -> User:
+    user = User.objects.create_user(name, password="pw", is_staff=True)
+    for permission in permissions:
+        app_label, codename = permission.split(".")
+        user.user_permissions.add(Permission.objects.get(content_type__app_label=app_label, codename=codename))
+    return user
+
+
 def test_metrics_report_pools_locks_jobs_dispatchers_and_runs(admin_client, scene):
     found = scrape(admin_client)
 
@@ -189,9 +212,51 @@ def test_metrics_take_staff_or_the_bearer_token(client, settings, scene):
     for wrong in (f"Bearer {TOKEN}x", f"Basic {TOKEN}", TOKEN, "Bearer ", f"Bearer {TOKEN[:-1]}"):
         assert client.get(URL, HTTP_AUTHORIZATION=wrong).status_code == 403, wrong
 
-    client.force_login(User.objects.create_user("staff", password="pw", is_staff=True))
+    client.force_login(staff("staff"))
+    assert client.get(URL).status_code == 403  # staff who may view none of the models read
+    client.force_login(staff("viewer", "leases.view_resource"))
     assert scrape(client)
     assert client.post(URL).status_code == 405
+
+
+def test_staff_read_the_families_of_the_models_they_may_view(client, settings, scene):
+    for n, permission in enumerate(FAMILIES):
+        client.force_login(staff(f"staff{n}", permission))
+        assert set(families(client)) == FAMILIES[permission], permission
+    client.force_login(staff("two", "leases.view_resource", "leases_pipelines.view_run"))
+    found = scrape(client)
+    assert {name for name, _ in found} == {
+        "leases_resources", "leases_lease_acquisitions_total", "leases_locks_held", "leases_pipeline_runs"
+    }
+    assert 'pool="proxies"' in client.get(URL).content.decode()
+    assert "queue=" not in client.get(URL).content.decode()  # no queue's name leaks
+
+    client.logout()
+    settings.LEASES_METRICS_TOKEN = TOKEN
+    assert set(families(client, HTTP_AUTHORIZATION=f"Bearer {TOKEN}")) == set().union(*FAMILIES.values())
+
+
+def test_the_endpoint_answers_with_and_without_a_trailing_slash(client, settings, scene):
+    settings.LEASES_METRICS_TOKEN = TOKEN
+    bearer = {"HTTP_AUTHORIZATION": f"Bearer {TOKEN}"}
+    assert families(client, "/leases/metrics", **bearer) == families(client, "/leases/metrics/", **bearer)
+    assert client.get("/leases/metrics/").status_code == 403
+
+
+def test_internal_jobs_are_left_out_of_the_outcomes(admin_client):
+    """A pipeline's advance events are the engine's bookkeeping, not the operators' work."""
+    for _ in range(2):
+        job("echo", Job.SUCCEEDED, queue="q", ran=1)
+    for _ in range(5):
+        job(machine.EVENT, Job.SUCCEEDED, queue="q", ran=1)
+    job(machine.EVENT, Job.DEAD, queue="q", ran=1)
+    found = scrape(admin_client)
+    assert value(found, "leases_jobs", queue="q", status="succeeded") == 2
+    assert value(found, "leases_jobs", queue="q", status="dead") == 0
+    assert value(found, "leases_job_outcomes", queue="q", name="echo", status="succeeded") == 2
+    assert not [key for key in found if ("name", machine.EVENT) in key[1]]
+    helps = families(admin_client)
+    assert "left out" in helps["leases_jobs"] and "left out" in helps["leases_job_outcomes"]
 
 
 def test_without_prometheus_client_the_endpoint_says_what_to_install(admin_client, client, monkeypatch):

@@ -1,0 +1,25 @@
+"""Where the dashboard drills down to: the admin's list of a model's rows, filtered.
+
+The admin site that shows LEASES_DATABASE is the project's own (`admin`); another
+database's is the site `leases.admin.site_for(alias)` made, named ``leases_<alias>``,
+wherever the project mounted it. A database no mounted site shows gets no links.
+"""
+from __future__ import annotations
+
+from urllib.parse import urlencode
+
+from django.urls import NoReverseMatch, reverse
+
+from leases import db
+
+
+def changelist(model: str, using: str, **filters: object) -> str:
+    """The admin's list of `model` ("app_label.model_name") on database `using`, with
+    `filters` as its query string; "" where no mounted admin site lists it."""
+    site = "admin" if using == db.alias() else f"leases_{using}"
+    app_label, model_name = model.split(".")
+    try:
+        url = reverse(f"{site}:{app_label}_{model_name}_changelist")
+    except NoReverseMatch:
+        return ""
+    return f"{url}?{urlencode(filters)}" if filters else url
