@@ -15,7 +15,7 @@ from django.utils.module_loading import autodiscover_modules
 
 from leases.validation import check_name
 
-from .models import NAME_LENGTH, TASK_LENGTH
+from .models import NAME_LENGTH, TASK_LENGTH, Run
 
 CONTINUE, FAIL = "continue", "fail"
 _UNSET: Any = object()
@@ -28,7 +28,9 @@ class Stage:
     `requires` names the stages this one waits for; left out, it is the stage listed
     before (so a plain list is a sequence); `[]` starts with the run. `for_each` names
     a task of a stage this one depends on that returns a list: the tasks then run once
-    per item, side by side (`max_parallel` at once, if given).
+    per item, side by side whatever `parallel` says, at most `max_parallel` task jobs at
+    once if given. A task that fails for good fails the run, unless `on_failure` is
+    "continue": the stage is recorded failed and the stages after it see None.
     """
 
     name: str
@@ -160,9 +162,12 @@ class Pipeline:
             ],
         }
 
-    def start(self, context: Any = None, key: str | None = None, using: str | None = None) -> Any:
-        """Start a run (or return the live run of `key`); see `leases.pipelines.runs.start`,
-        which this app's config holds: a definition imports nothing that runs it."""
+    def start(self, context: Any = None, key: str | None = None, using: str | None = None) -> Run:
+        """Start a run with `context` (JSON) and return it; with `key`, return the live
+        run of that key instead when there is one (`run.created` says which).
+
+        The runner is `leases.pipelines.runs.start`, which this app's config holds: a
+        definition imports nothing that runs it."""
         runs = apps.get_app_config("leases_pipelines").runs
         return runs.start(self, context=context, key=key, using=using)
 

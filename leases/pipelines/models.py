@@ -16,6 +16,8 @@ from django.apps import apps
 from django.db import models
 from django.db.models.functions import Coalesce
 
+from leases.tasks.models.jobs import TRACEPARENT_LENGTH
+
 NAME_LENGTH = 100
 KEY_LENGTH = 255
 TASK_LENGTH = 200
@@ -97,6 +99,10 @@ class Run(models.Model):
     #: Counts the engine's decisions about the run; each writes it, so that two of them on
     #: two nodes of a Galera cluster conflict (see store.locked).
     revision = models.PositiveBigIntegerField(default=0, editable=False)
+    traceparent = models.CharField(
+        max_length=TRACEPARENT_LENGTH, null=True, blank=True, editable=False,
+        help_text="W3C trace context of the run's span (OpenTelemetry), which its tasks' jobs carry.",
+    )
 
     objects = RunQuerySet.as_manager()
 
@@ -113,14 +119,22 @@ class Run(models.Model):
         return f"{self.pipeline} #{self.pk}" + (f" ({self.key})" if self.key else "")
 
     def cancel(self) -> bool:
-        """Stop the run: nothing new starts, waiting tasks are cancelled."""
+        """Stop the run: nothing new starts, waiting tasks are cancelled.
+
+        False if the run had ended already."""
         return _steering().cancel(self)
 
     def pause(self) -> bool:
-        """Start nothing new until resume(); running tasks finish."""
+        """Start nothing new until resume(); running tasks finish.
+
+        False if it was paused already; ValueError for a run that has ended."""
         return _steering().pause(self)
 
     def resume(self) -> bool:
+        """Let a paused run go on, starting what became due meanwhile.
+
+        False if it was running already; ValueError for a run that has ended. It also
+        records tasks whose jobs ended unnoticed, so it moves a run that looks stuck."""
         return _steering().resume(self)
 
     def restart(self, stage: str) -> None:

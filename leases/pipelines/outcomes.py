@@ -18,6 +18,7 @@ from django.db import connections
 
 from leases import clock
 from leases.sql import in_list
+from leases.tasks import tracing
 from leases.tasks.jobs.outcomes import last_errors
 from leases.tasks.jobs.push import new_job, write
 from leases.tasks.models import PRIORITY_RANGE, Job
@@ -37,10 +38,18 @@ def tasks_ended(cursor: Any, ended: list[tuple[int, str]]) -> None:
     if not moving:
         return
     queues = dict(ended)
+    contexts = _contexts(cursor, sorted(moving)) if tracing.enabled() else {}
     write(cursor, [
-        new_job(EVENT, {"run": run_id}, queue=queues[job_id], key=f"{EVENT}:{run_id}", priority=PRIORITY_RANGE[1])
+        new_job(EVENT, {"run": run_id}, queue=queues[job_id], key=f"{EVENT}:{run_id}", priority=PRIORITY_RANGE[1],
+                traceparent=contexts.get(run_id))
         for run_id, job_id in sorted(moving.items())
     ])
+
+
+def _contexts(cursor: Any, run_ids: list[int]) -> dict[int, str]:
+    """The runs' trace contexts, so their advance events sit in the runs' traces."""
+    cursor.execute(sql.pipeline(cursor.db).run_traceparents + in_list(run_ids), run_ids)
+    return {run_id: traceparent for run_id, traceparent in cursor.fetchall() if traceparent}
 
 
 def record(job_ids: list[int], using: str, now: Callable[[], datetime]) -> dict[int, int]:

@@ -15,7 +15,7 @@ from django.db.models import F
 
 from leases import clock, db, routing
 from leases.encoding import dump_json
-from leases.tasks import registry
+from leases.tasks import registry, tracing
 from leases.tasks.jobs.actions import cancel as cancel_jobs
 from leases.tasks.jobs.queues import queue_settings
 from leases.validation import check_name
@@ -54,9 +54,22 @@ def _check_start(pipeline: Pipeline, context: Any, key: str | None, using: str) 
 
 def start(pipeline: Pipeline, context: Any = None, key: str | None = None, using: str | None = None) -> Run:
     """Start a run of `pipeline` and its first stages; with `key`, return the live run of
-    (pipeline, key) instead when there is one (`run.created` says which)."""
+    (pipeline, key) instead when there is one (`run.created` says which). With tracing
+    on, the start is the run's span, the parent of its tasks' (see leases.tasks.tracing)."""
     using = db.alias(using)
     context = _check_start(pipeline, context, key, using)
+    with tracing.pipeline_started(pipeline.name, key) as traced:
+        run, created = db.run(_starter(pipeline, context, key, traced.traceparent, using), using)
+        traced.ran(run.pk, created)
+    run.created = created
+    if created:
+        log.info("pipeline %s run #%d started%s", run.pipeline, run.pk, f" (key {key})" if key else "")
+    return run
+
+
+def _starter(pipeline: Pipeline, context: Any, key: str | None, traceparent: str | None,
+             using: str) -> Callable[[Any, bool], tuple[Run, bool]]:
+    """The transaction of a start: (the new run, True), or (the live run of the key, False)."""
     snapshot = pipeline.snapshot()
     live = live_key(pipeline.name, key if key is not None else f"#{uuid.uuid4().hex}")
 
@@ -68,7 +81,7 @@ def start(pipeline: Pipeline, context: Any = None, key: str | None = None, using
             now = clock.now(cursor)
             run = Run(
                 pipeline=pipeline.name, key=key or "", live_key=live, status=Run.RUNNING,
-                definition=snapshot, context=context, queued_at=now,
+                definition=snapshot, context=context, queued_at=now, traceparent=traceparent,
             )
             try:
                 with transaction.atomic(using=using):
@@ -81,11 +94,7 @@ def start(pipeline: Pipeline, context: Any = None, key: str | None = None, using
             machine.advance(run, now, using)
             return run, True
 
-    run, created = db.run(work, using)
-    run.created = created
-    if created:
-        log.info("pipeline %s run #%d started%s", run.pipeline, run.pk, f" (key {key})" if key else "")
-    return run
+    return work
 
 
 def _step(run: Run, using: str | None, step: Callable[[Run, datetime, str], T]) -> T:

@@ -66,6 +66,9 @@ PIPELINE = {
     # -- the advance event's steps, once per stage of every run --
     # The run's lock: a write (see store.locked). params: run id
     "lock_run": "UPDATE {r} SET revision = revision + 1 WHERE id = %s",
+    # The trace contexts of runs whose advance events are pushed (only when tracing is
+    # on). Completed with the run ids.
+    "run_traceparents": "SELECT id, traceparent FROM {r} WHERE id IN (",
     # A run's row, completed with its columns (see store.load). params: run id
     "run_by_id": "FROM {r} WHERE id = %s",
     # A run's stages, in definition order; completed with the columns. params: run id

@@ -45,6 +45,8 @@ class ClaimedJob:
     limit_key: str = ""
     concurrency: int | None = None
     rate: str = ""
+    #: W3C trace context of its push: its run's span is a child of it (see tracing).
+    traceparent: str | None = None
     #: What runs it (a handler, or an app's runner), found when it was claimed.
     handler: Any = None
     #: Set by the worker when the attempt timed out: its outcome is already written.
@@ -63,7 +65,7 @@ def _claimed(row: tuple, worker: str, taken: bool) -> ClaimedJob:
     return ClaimedJob(
         id=row[0], priority=row[1], queue=row[3], name=row[4], backend=row[5], payload=load_json(row[6]),
         attempt=row[7] + step, max_attempts=row[8], key=row[9], claims=row[10] + step, worker=worker,
-        on_finish=row[11], limit_key=row[12], concurrency=row[13], rate=row[14],
+        on_finish=row[11], limit_key=row[12], concurrency=row[13], rate=row[14], traceparent=row[15],
     )
 
 

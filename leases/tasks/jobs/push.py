@@ -16,7 +16,7 @@ import logging
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any, Callable, Iterable, Protocol, Sequence
 
@@ -27,7 +27,7 @@ from leases.encoding import load_json
 from leases.sql import in_list
 from leases.validation import check_attempts, check_moment, check_queue, check_seconds
 
-from .. import registry, sql
+from .. import registry, sql, tracing
 from ..models import Job
 from . import limits, queues
 from .payload import check_key, check_priority, default_key, dump_payload
@@ -85,10 +85,12 @@ class NewJob:
     limit_key: str = ""
     concurrency: int | None = None
     rate: str = ""
+    #: W3C trace context its runs' spans are children of (see leases.tasks.tracing).
+    traceparent: str | None = None
 
     def params(self, connection: Any) -> list:
         head = [self.queue, self.name, self.backend, self.on_finish, self.payload, self.key, self.key, self.priority]
-        head += [self.limit_key, self.concurrency, self.rate, self.max_attempts]
+        head += [self.limit_key, self.concurrency, self.rate, self.max_attempts, self.traceparent]
         if self.run_at is not None:
             return head + [db.dialect(connection).stored_datetime(self.run_at)]
         return head + [db.dialect(connection).seconds(self.delay)]
@@ -111,6 +113,7 @@ def new_job(
     backend: str = "",
     on_finish: str = "",
     handler_payload: Callable[[], Any] | None = None,
+    traceparent: str | None = None,
 ) -> NewJob:
     """The job `name` with `payload`, from its handler's `settings` (the registered handler
     of `name` unless given) and the options that override them; ValueError or
@@ -118,7 +121,8 @@ def new_job(
 
     `handler_payload` makes what the handler will receive when that is not the payload
     stored (a pipeline task's: its item and its run's context): a `limit_key` that is a
-    function of the payload is computed from it.
+    function of the payload is computed from it. The job carries `traceparent` (a
+    pipeline task: its run's), else that of a push span when tracing is on.
     """
     settings = registry.get(name) if settings is None else settings
     text = dump_payload(payload)
@@ -130,7 +134,7 @@ def new_job(
     key_of = limit_key if limit_key is not None else settings.limit_key
     if callable(key_of) and handler_payload is not None:
         payload = handler_payload()
-    return NewJob(
+    job = NewJob(
         queue=settings.queue if queue is None else check_queue(queue),
         name=name,
         payload=text,
@@ -145,6 +149,8 @@ def new_job(
         concurrency=settings.concurrency if concurrency is None else limits.check_concurrency(concurrency),
         rate=settings.rate if rate is None else limits.check_rate(rate),
     )
+    traceparent = traceparent if traceparent is not None else tracing.pushed(name, job.queue, job.key)
+    return job if traceparent is None else replace(job, traceparent=traceparent)
 
 
 # -- writing ----------------------------------------------------------------------------

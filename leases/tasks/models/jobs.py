@@ -16,6 +16,8 @@ JOB_NAME_LENGTH = 200
 #: Dedupe keys; 255 utf8mb4 characters fit an InnoDB unique index.
 KEY_LENGTH = 255
 PRIORITY_RANGE = (-100, 100)
+#: A W3C traceparent of version 00 ("00-<trace id>-<span id>-<flags>").
+TRACEPARENT_LENGTH = 55
 
 
 class Queue(models.Model):
@@ -142,6 +144,10 @@ class Job(models.Model):
     enqueued_at = models.DateTimeField()
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    traceparent = models.CharField(
+        max_length=TRACEPARENT_LENGTH, null=True, blank=True, editable=False,
+        help_text="W3C trace context of its push (OpenTelemetry), the parent of its runs' spans.",
+    )
 
     class Meta:
         indexes = [

@@ -14,7 +14,7 @@ from django.db import connections
 from leases import db
 from leases.exceptions import BadResult, Fail
 
-from .. import registry
+from .. import registry, tracing
 from ..jobs.claim import ClaimedJob
 from ..jobs.outcomes import Outcome, failed
 from ..jobs.payload import dump_payload
@@ -56,7 +56,8 @@ def _attempt(job: ClaimedJob) -> Outcome:
     except Exception as exc:  # noqa: BLE001 - e.g. a task path that is not a task
         return failed(job, exc, retryable=False)
     try:
-        value = spec.run(job)
+        with tracing.running(job):
+            value = spec.run(job)
     except (Fail, BadResult) as exc:
         return failed(job, exc, retryable=False)
     except BaseException as exc:  # noqa: BLE001 - a handler must never kill the worker
