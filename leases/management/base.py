@@ -1,23 +1,33 @@
 """What every command of this app shares: one-line errors and the exit codes scripts test.
 
 Exit codes: 2 bad input (nothing written), 75 (EX_TEMPFAIL) worth trying again later:
-the database is unreachable or stayed busy, no resource was free, a lock was held.
+the database is unreachable or stayed busy, no resource was free, a lock was held; 141
+the reader of stdout went away (`manage.py jobs list | head`), as a shell reports a
+process that SIGPIPE ended.
 """
 from __future__ import annotations
 
+import argparse
+import os
 import pkgutil
+import sys
+from collections.abc import Iterator
+from functools import partial
 from importlib import import_module
-from typing import Any
+from typing import Any, NoReturn
 
 from django.apps import apps
 from django.core.checks import Error as CheckError
-from django.core.management.base import BaseCommand, CommandError, SystemCheckError
+from django.core.management.base import BaseCommand, CommandError, CommandParser, SystemCheckError
 from django.db import Error, connections
 
 from leases import db, routing
 
 EX_USAGE = 2
 EX_TEMPFAIL = 75
+#: 128 + SIGPIPE: what a shell reports of a writer whose reader closed the pipe. Not 1,
+#: which `jobs wait` and `pipeline wait` use for "it failed".
+EX_PIPE = 141
 DATABASE_HELP = "the database alias to use (default: where LEASES_ROUTES sends the name, else LEASES_DATABASE)"
 
 
@@ -59,6 +69,36 @@ def check_migrated(using: str | None = None) -> list[CheckError]:
                        hint=f"Run `python manage.py migrate --database {alias}`.", id="leases.E005")]
 
 
+def one_line_error(parser: CommandParser, message: str) -> NoReturn:
+    """argparse's refusal (a missing argument, an unknown choice, an option that is no
+    number) as every other bad input: one line, exit 2, instead of the usage text and
+    then the error. Called from code (call_command), a CommandError of exit code 2."""
+    where = parser.prog.strip()  # call_command names no program: " jobs list"
+    if not parser.called_from_command_line:
+        raise CommandError(f"{where}: {message}", returncode=EX_USAGE)
+    parser.exit(EX_USAGE, f"CommandError: {where}: {message} (see --help)\n")
+
+
+def all_parsers(parser: argparse.ArgumentParser) -> Iterator[argparse.ArgumentParser]:
+    """`parser` and, all the way down, its subcommands' parsers."""
+    yield parser
+    for action in parser._actions:  # argparse lists subparsers nowhere public
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in dict.fromkeys(action.choices.values()):  # aliases name a parser twice
+                yield from all_parsers(sub)
+
+
+def stdout_closed() -> NoReturn:
+    """End the command quietly once whoever read its output is gone (`| head`): the
+    way Python's documentation gives, stdout pointed at devnull so the interpreter's
+    last flush has somewhere to go, then exit EX_PIPE, without a traceback."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (AttributeError, OSError, ValueError):  # stdout is no file (a test's capture)
+        pass
+    raise SystemExit(EX_PIPE)
+
+
 def add_database_option(*parsers: Any) -> None:
     """`--database ALIAS` on each parser (each subcommand's, so it goes after the action)."""
     for parser in parsers:
@@ -68,6 +108,13 @@ def add_database_option(*parsers: Any) -> None:
 class LeasesCommand(BaseCommand):
     """A command whose bad input exits 2 and whose database outage exits 75, each with one
     line on stderr instead of a traceback."""
+
+    def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
+        """Django's parser, and its subcommands', with errors of one line."""
+        parser = super().create_parser(prog_name, subcommand, **kwargs)
+        for one in all_parsers(parser):
+            one.error = partial(one_line_error, one)  # type: ignore[method-assign]
+        return parser
 
     def check(self, *args: Any, **kwargs: Any) -> None:
         """Django's checks, then that this app's tables are migrated: a clean error
@@ -85,7 +132,11 @@ class LeasesCommand(BaseCommand):
 
     def execute(self, *args: Any, **options: Any) -> Any:
         try:
-            return super().execute(*args, **options)
+            output = super().execute(*args, **options)
+            self.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
+            return output
+        except BrokenPipeError:
+            stdout_closed()
         except ValueError as exc:
             raise CommandError(str(exc), returncode=EX_USAGE) from None
         except Error as exc:

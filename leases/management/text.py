@@ -1,5 +1,10 @@
 """How the operator commands print: stored text made safe for a terminal, aligned
-columns, times and durations; and how they read JSON arguments."""
+columns, JSON, times and durations; and how they read JSON arguments.
+
+One rule for times, in every command: a moment is its UTC time (`clock`), with how far
+it is from the database clock's now where that helps (`ago`: "in 14h",
+"3m ago", in its largest whole unit, as the admin shows it; `when` gives both); how long
+something took is a `span` ("2h05m"). Stored JSON prints as indented JSON (`as_json`)."""
 from __future__ import annotations
 
 import json
@@ -43,6 +48,20 @@ def parse_json(text: str, what: str) -> Any:
         raise ValueError(f"{what} is not valid JSON: {exc}") from None
 
 
+def as_json(value: Any) -> list[str]:
+    """`value` as indented JSON lines, each safe for a terminal."""
+    text = json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False)
+    return [shown(line) for line in text.splitlines()]
+
+
+def block(label: str, value: Any) -> str:
+    """A stored JSON value under its label, indented: "payload:\n  {...}"; "label: -"
+    for none."""
+    if value is None:
+        return f"{label}: -"
+    return f"{label}:\n" + "\n".join("  " + line for line in as_json(value))
+
+
 def clock(value: datetime | None) -> str:
     """A stored time as the operator reads it (UTC), or blank."""
     return f"{value:%Y-%m-%d %H:%M:%S}Z" if value else ""
@@ -77,6 +96,11 @@ def ago(moment: datetime, now: datetime) -> str:
     """'in 3s' or '2m ago' from `now` (the database clock)."""
     delta = (moment - now).total_seconds()
     return f"in {whole(delta)}" if delta > 0 else f"{whole(-delta)} ago"
+
+
+def when(value: datetime | None, now: datetime) -> str:
+    """A time and how far it is from `now`: 2026-01-02 03:04:05Z (in 3m); "-" for none."""
+    return f"{clock(value)} ({ago(value, now)})" if value else "-"
 
 
 def elapsed(start: datetime | None, end: datetime | None, now: datetime | None) -> str:

@@ -140,8 +140,30 @@ def test_list_shows_runs_newest_first_and_filters():
     assert ids("--name", "crawl-site", "--status", "running") == []
     assert ids("--limit", "2") == [str(stopped.pk), str(live.pk)]
     assert "--status must be one of running, paused" in fails(2, "list", "--status", "done")
-    assert "--limit must be a whole number >= 1, not '0'" in fails(2, "list", "--limit", "0")
-    assert "--limit must be a whole number >= 1, not 'many'" in fails(2, "list", "--limit", "many")
+    assert "--limit must be a whole number from 1 to 10000, not '0'" in fails(2, "list", "--limit", "0")
+    assert "--limit must be a whole number from 1 to 10000, not 'many'" in fails(2, "list", "--limit", "many")
+    assert "--limit must be a whole number from 1 to 10000" in fails(2, "list", "--limit", "10001")
+    assert pipeline("list", "--status", "paused") == ("no runs\n", "")
+
+
+def test_list_and_show_say_how_many_tasks_failed():
+    run = FANOUT.start(context={"items": 6})
+    drain(max_jobs=2)  # p.discover, then its event: six tasks queued
+    each = StageRun.objects.get(run=run, name="each")
+    doomed = list(TaskRun.objects.filter(stage=each, item_index__in=[1, 4]).values_list("job_id", flat=True))
+    assert jobqueue.discard(doomed) == 2  # their tasks are recorded as failed
+    drain()
+    failed = FAILING.start()
+    drain()
+    listed = {re.split(r"\s{2,}", line)[0]: re.split(r"\s{2,}", line) for line in pipeline("list")[0].splitlines()[1:]}
+    # on_failure="continue": the run went on, and its progress says two tasks failed.
+    assert listed[str(run.pk)][1:4] == ["cmd-fanout", "succeeded", "7/7 (2 failed)"]
+    assert listed[str(failed.pk)][1:4] == ["cmd-failing", "failed", "2/2 (1 failed)"]
+    out, _ = pipeline("show", str(run.pk))
+    assert re.search(r"^progress +7/7 tasks done \(2 failed\)$", out, re.MULTILINE)
+    stages = {columns(line)[0]: re.split(r"\s{2,}", line) for line in section(out, "STAGE")}
+    assert stages["discover"][1:3] == ["succeeded", "1/1"] and stages["each"][1:3] == ["failed", "6/6 (2 failed)"]
+    assert re.search(r"^progress +2/2 tasks done \(1 failed\)$", pipeline("show", str(failed.pk))[0], re.MULTILINE)
 
 
 # -- show -------------------------------------------------------------------------------
@@ -151,10 +173,11 @@ def test_show_a_finished_run_with_stages_tasks_and_a_timeline():
     run = tests.pipes.crawl.start(context={"items": 3}, key="example.com")
     drain()
     out, _ = pipeline("show", str(run.pk))
-    head = dict(line.split(None, 1) for line in out.split("\n\n")[0].splitlines())
+    head = dict(line.split(None, 1) for line in out.split("\ncontext:")[0].splitlines())
     assert head["run"] == f"#{run.pk}"
     assert (head["pipeline"], head["key"], head["status"]) == ("crawl-site", "example.com", "succeeded")
-    assert (head["context"], head["progress"]) == ('{"items": 3}', "7/7 tasks done")
+    assert head["progress"] == "7/7 tasks done" and "context" not in head
+    assert '\ncontext:\n  {\n    "items": 3\n  }\n' in out  # JSON, as `jobs show` prints a payload
     assert "error" not in head and {"queued", "started", "finished", "duration"} <= set(head)
     stages = {columns(line)[0]: columns(line) for line in section(out, "STAGE")}
     assert list(stages) == ["discover", "fetch", "media", "index"]
@@ -347,12 +370,12 @@ def test_wait_returns_once_a_run_ends_meanwhile():
 @pytest.mark.parametrize(
     "text, message",
     [
-        ("seven", "RUN must be a run id (a number), not 'seven'"),
-        ("1.5", "RUN must be a run id (a number), not '1.5'"),
-        ("0", "no pipeline run #0"),
-        ("-3", "no pipeline run #-3"),
+        ("seven", "a run id is a whole number from 1 to 9223372036854775807, not 'seven'"),
+        ("1.5", "a run id is a whole number from 1 to 9223372036854775807, not '1.5'"),
+        ("0", "a run id is a whole number from 1 to 9223372036854775807, not '0'"),
+        ("-3", "a run id is a whole number from 1 to 9223372036854775807, not '-3'"),
         ("987654", "no pipeline run #987654"),
-        ("9" * 30, f"no pipeline run #{'9' * 30}"),
+        ("9" * 30, f"a run id is a whole number from 1 to 9223372036854775807, not '{'9' * 30}'"),
     ],
 )
 def test_a_run_that_is_not_there_exits_2_with_one_line(action, text, message):
@@ -388,7 +411,7 @@ def test_the_command_line_exit_codes(manage, child_env):
     ]
     bad = cli("show", "seven")
     assert (bad.returncode, bad.stdout) == (2, "")
-    assert bad.stderr.splitlines() == ["CommandError: RUN must be a run id (a number), not 'seven'"]
+    assert bad.stderr.splitlines() == ["CommandError: a run id is a whole number from 1 to 9223372036854775807, not 'seven'"]
 
 
 # -- prune ------------------------------------------------------------------------------
@@ -414,6 +437,9 @@ def test_prune_deletes_runs_that_ended_long_ago_and_never_a_live_one():
     assert pipeline("prune", "--older-than", "30d")[0].startswith("deleted 0 ")
     before = everything()
     assert "--older-than: not a duration: 'soon'" in fails(2, "prune", "--older-than", "soon")
+    # A bare number is refused, as leases_prune and `jobs discard` refuse it: not 7 seconds, nor 7 days.
+    assert "--older-than: '7' needs a unit: 7s, 7m, 7h" in fails(2, "prune", "--older-than", "7")
+    assert "--timeout: not a duration: 'soon'" in fails(2, "wait", str(live.pk), "--timeout", "soon")
     assert everything() == before
 
 

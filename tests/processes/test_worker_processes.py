@@ -310,3 +310,29 @@ def test_bad_input_exits_2_with_one_line_and_registers_no_worker(manage, child_e
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0], result.stderr
     assert not WorkerRow.objects.exists()
+
+
+# -- queues it does not serve -----------------------------------------------------------------
+
+
+def test_a_plain_worker_says_which_handlers_and_due_jobs_it_does_not_serve(manage, child_env):
+    """`leases_worker --burst` serves queue default: echo's jobs (queue other) wait, and it
+    says so twice, instead of exiting 0 with "0 claimed" while `jobs stats` shows them due."""
+    job = push("echo", {"n": 1})
+    argv = [*manage, "leases_worker", "--burst", "--import", "tests.jobs"]
+    done = subprocess.run(argv, env=child_env, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    said = [line.split(": ", 1)[1] for line in done.stderr.splitlines()
+            if " WARNING leases.tasks.worker: " in line]
+    name = said[0].split()[1]
+    assert said == [
+        f"worker {name} serves queues default, not those of handlers echo (other): their jobs wait for"
+        " another worker; to serve them too, --queue default,other or --queue '*'",
+        f"worker {name} claimed nothing, but queues it does not serve have jobs due: other (1); serve them"
+        " with --queue default,other or --queue '*'",
+    ]
+    assert Job.objects.get(pk=job.pk).status == READY
+    served = subprocess.run([*argv, "--queue", "*"], env=child_env, capture_output=True, text=True,
+                            timeout=120, check=False)
+    assert served.returncode == 0 and " WARNING " not in served.stderr, served.stderr
+    assert Job.objects.get(pk=job.pk).status == SUCCEEDED

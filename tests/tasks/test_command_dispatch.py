@@ -58,7 +58,7 @@ def test_reclaim_with_a_duration():
     assert run("reclaim", "crawl", "--stale-after", "10m") == "0 tasks back in the pool"
     DispatchWorker.objects.update(last_seen=timezone.now() - timedelta(minutes=11))
     assert run("reclaim", "crawl", "--stale-after", "10m") == "1 tasks back in the pool"
-    assert "not a duration" in fails(2, "reclaim", "crawl", "--stale-after", "soon")
+    assert "--stale-after: not a duration: 'soon'" in fails(2, "reclaim", "crawl", "--stale-after", "soon")
 
 
 @pytest.mark.parametrize(
@@ -118,3 +118,9 @@ def test_the_command_line_exit_codes(tasks_file, child_env, manage):
     bad = cli("assign", "crawl", "w1", "-1")
     assert bad.returncode == 2
     assert bad.stderr.strip().splitlines() == ["CommandError: limit must be a whole number > 0, not -1"]
+    # What argparse refuses is one line too, not the usage text and then the error:
+    many = cli("assign", "crawl", "w1", "many")
+    assert (many.returncode, many.stdout) == (2, "")
+    assert many.stderr.splitlines() == [
+        "CommandError: manage.py dispatch assign: argument limit: invalid int value: 'many' (see --help)"
+    ]

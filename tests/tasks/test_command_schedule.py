@@ -51,10 +51,11 @@ def test_add_list_show_a_cron_an_interval_a_one_off_and_a_pipeline():
     assert header.split() == ["NAME", "WHAT", "WHEN", "NEXT", "LAST", "STATUS", "ENABLED", "SOURCE"]
     assert [line.split()[0] for line in lines] == ["launch", "nightly", "ping", "refresh"]
     assert "pipeline crawl-site" in lines[3] and "every 15m" in lines[3]
-    assert re.search(r"ping\s+noop\s+every 30s\s+\d{4}-\d\d-\d\d \d\d:\d\d:\d\dZ \(in \d+(\.\d)?s\)", out)
+    assert re.search(r"ping\s+noop\s+every 30s\s+\d{4}-\d\d-\d\d \d\d:\d\d:\d\dZ \(in \d+s\)", out)
     shown = run("show", "nightly")
     assert "when      At 03:00 every day (Europe/Berlin)" in shown
-    assert "payload   {'site': 'example.com'}" in shown
+    assert '\npayload:\n  {\n    "site": "example.com"\n  }\n' in shown  # JSON, as `jobs show` prints it
+    assert '\ncontext:\n  {\n    "items": 2\n  }\n' in run("show", "refresh")
     upcoming = re.findall(r"^  (\d{4}-\d\d-\d\d \d\d:\d\d:\d\dZ)", shown, re.M)
     assert len(upcoming) == 5 and all(t.endswith(("01:00:00Z", "02:00:00Z")) for t in upcoming)
     assert shown.rstrip().endswith("no runs yet")
@@ -81,8 +82,8 @@ def test_run_enable_disable_remove_and_show_the_runs():
     [
         (("add", "x", "noop", "--cron", "61 * * * *"), "invalid cron expression '61 * * * *'"),
         (("add", "x", "noop"), "give exactly one of cron, every and at (got none)"),
-        (("add", "x", "noop", "--every", "0s"), "duration must be > 0"),
-        (("add", "x", "noop", "--every", "soon"), "not a duration: 'soon'"),
+        (("add", "x", "noop", "--every", "0s"), "--every: duration must be > 0"),
+        (("add", "x", "noop", "--every", "soon"), "--every: not a duration: 'soon'"),
         (("add", "x", "noop", "--at", "2099-01-01T09:00:00"), "has no time zone"),
         (("add", "x", "noop", "--at", "tomorrow"), "--at must be an ISO 8601 time"),
         (("add", "x", "noop", "--at", "2001-01-01T00:00:00Z"), "is in the past"),

@@ -93,3 +93,18 @@ def test_a_projects_logging_handlers_are_kept_and_json_replaces_them(leases_logg
     assert (line["level"], line["logger"], line["job_id"], line["outcome"]) == ("INFO", "leases.tasks.worker", 7,
                                                                                  "succeeded")
     assert line["message"] == "job noop #7 succeeded" and line["time"].endswith("+00:00")
+
+
+def test_the_stop_line_tells_failed_attempts_from_jobs_that_failed_for_good(caplog):
+    caplog.set_level(logging.INFO, logger="leases")
+    push("noop", {"n": 1})
+    push("boom", {"n": 2})  # three attempts: retried twice, then dead
+    push("refuse", {"n": 3})  # Fail: not retried
+    worker = JobWorker(queues=["default"], concurrency=1, burst=True, poll=0.01)
+    stats = worker.run()
+    [line] = [r.getMessage() for r in caplog.records if " stopped: " in r.getMessage()]
+    assert line == (f"worker {worker.name} stopped: 5 attempts claimed, 1 succeeded, 4 failed (2 retried,"
+                    " 2 failed for good), 0 bounced; 0 jobs of stopped workers recovered")
+    assert (stats.failed, stats.retried, stats.ended) == (4, 2, 2)
+    # What `jobs stats` counts as failed and dead:
+    assert Job.objects.filter(status__in=[Job.DEAD, Job.FAILED]).count() == stats.ended

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import signal
 import subprocess
@@ -26,7 +25,7 @@ from leases.exceptions import NoResourceAvailable, UnknownPool, UnknownResource
 from leases.lease import Heartbeat, Lease, release_within
 from leases.management.base import EX_TEMPFAIL, EX_USAGE, LeasesCommand, add_database_option
 from leases.management.lines import bad_line, entries
-from leases.management.text import parse_json, shown, table
+from leases.management.text import ago, clock, parse_json, shown, span, table
 from leases.models import RESOURCE_NAME_LENGTH, Resource
 from leases.pool import Pool, check_data, unknown_pool
 from leases.progress import progress_bar
@@ -132,7 +131,7 @@ class Command(LeasesCommand):
         quarantine.add_argument("pool", help=POOL_HELP)
         quarantine.add_argument("name", help="the resource's name")
         quarantine.add_argument(
-            "--for", dest="duration", default="1d", help="e.g. 90s, 10m, 2h, 1d (default 1d)"
+            "--for", dest="period", default="1d", help="e.g. 90s, 10m, 2h, 1d (default 1d)"
         )
         quarantine.add_argument("--reason", default="", help="why, shown by list and the admin")
         stats = sub.add_parser("stats", help="slots free, held, cooling, quarantined and total, as JSON")
@@ -192,17 +191,22 @@ class Command(LeasesCommand):
         else:  # every pool of every database in use, or of the one asked for
             aliases = [routing.known(database)] if database else routing.aliases()
             found = [(alias, list(Resource.objects.using(alias))) for alias in aliases]
-        header = ["POOL", "NAME", "SLOT", "USED", "STATE", "HOLDER", "EXPIRES IN", "TOKEN", "QUARANTINE"]
+        header = ["POOL", "NAME", "SLOT", "USED", "STATE", "HOLDER", "EXPIRES", "TOKEN", "QUARANTINE"]
         lines = []
         for alias, rows in found:
             lines += self._lines(rows, db_now(alias), [alias] if len(found) > 1 else [])
         first = 1 if pool else 0  # one pool: no POOL column
+        if not lines:
+            self.stdout.write("no resources")
+            return
         lines = [(["DATABASE"] if len(found) > 1 else []) + header] + lines
         self.stdout.write(table([line[:-9] + line[-9:][first:] for line in lines]))
 
     @staticmethod
     def _lines(rows: list[Resource], now: Any, prefix: list[str]) -> list[list[str]]:
-        """One line per slot, judged by `now` (the clock of the rows' database)."""
+        """One line per slot, judged by `now` (the clock of the rows' database). EXPIRES:
+        when a held, cooling or quarantined slot is free again ("in 2m"), in the words
+        every command uses for a time left."""
         states = {r.pk: r.state_at(now) for r in rows}
         used: dict[tuple[str, str], list[int]] = {}  # (pool, name) -> [held slots, slots]
         for r in rows:
@@ -214,13 +218,11 @@ class Command(LeasesCommand):
             state = states[r.pk]
             held, slots = used[(r.pool, r.name)]
             line = [shown(r.pool), shown(r.name), str(r.slot), f"{held}/{slots}", state, "", "", str(r.token), ""]
-            if state == Resource.HELD:
-                line[5], line[6] = shown(r.holder), f"{math.ceil((r.busy_before - now).total_seconds())}s"
-            elif state == Resource.COOLING:
-                line[6] = f"{math.ceil((r.busy_before - now).total_seconds())}s"
+            if state in (Resource.HELD, Resource.COOLING):
+                line[5], line[6] = shown(r.holder) if state == Resource.HELD else "", ago(r.busy_before, now)
             elif state == Resource.QUARANTINED:
-                line[6] = f"{math.ceil((r.quarantined_until - now).total_seconds())}s"
-                line[8] = f"until {r.quarantined_until:%Y-%m-%d %H:%M:%S}Z {shown(r.quarantine_reason)}"
+                line[6] = ago(r.quarantined_until, now)
+                line[8] = f"until {clock(r.quarantined_until)} {shown(r.quarantine_reason)}"
             lines.append(prefix + line)
         return lines
 
@@ -234,10 +236,10 @@ class Command(LeasesCommand):
         where = f"{pool.name}/{shown(name)}"
         self.stdout.write(f"released {where}" if released else f"{where} was not held")
 
-    def _quarantine(self, pool: Pool, name: str, duration: str, reason: str, **options: Any) -> None:
-        seconds = parse_duration(duration)
+    def _quarantine(self, pool: Pool, name: str, period: str, reason: str, **options: Any) -> None:
+        seconds = duration(period, "--for")
         pool.quarantine(name, seconds, reason)
-        self.stdout.write(f"quarantined {pool.name}/{shown(name)} for {seconds:g}s")
+        self.stdout.write(f"quarantined {pool.name}/{shown(name)} for {span(seconds)}")
 
     def _unquarantine(self, pool: Pool, name: str, **options: Any) -> None:
         done = pool.unquarantine(name)

@@ -9,6 +9,10 @@ of finished runs, and, if it leads, the scheduler's passes.
 
 An outcome the database refuses fails its job with that error instead of blocking the
 others; during an outage outcomes wait, and the heartbeat keeps their jobs ours.
+
+A worker that does not serve a handler's queue says so when it starts, and a `--burst`
+worker that found nothing to do while jobs are due elsewhere says where before it exits
+(one grouped read then, none per poll).
 """
 from __future__ import annotations
 
@@ -28,7 +32,7 @@ from leases.validation import check_seconds
 
 from .. import registry
 from ..jobs import claim as claims
-from ..jobs import history, limits, outcomes, recovery
+from ..jobs import counts, history, limits, outcomes, recovery
 from ..jobs.claim import ClaimedJob
 from ..jobs.outcomes import Outcome, describe, failed
 from ..jobs.queues import SETTINGS_TTL, all_queues
@@ -177,8 +181,13 @@ class JobWorker:
         return duties
 
     def run(self) -> Stats:
+        """Serve until stop(), a signal, `max_jobs` or (burst) empty queues; hand back
+        jobs claimed but not started, let running ones finish, and return the counts."""
         if self.hold is None and self.when_up(self.register) is None:
             return self.stats
+        unserved = self.unserved_handlers()
+        if unserved:
+            report.unserved(self.name, self.queues, unserved)
         threads = Threads(self.concurrency, self._done)
         duties = self._duties()
         try:
@@ -196,6 +205,7 @@ class JobWorker:
                         break
                     time.sleep(1.0)
             self._leave()
+            self._say_what_waits()
         finally:
             self._shutdown(threads)
         return self.stats
@@ -263,6 +273,28 @@ class JobWorker:
             except Exception:  # noqa: BLE001 - the row lapses on its own
                 log.warning("worker %s: could not release its row", self.name, exc_info=True)
         report.stopped(self.name, self.stats)
+
+    def unserved_handlers(self) -> list[registry.Handler]:
+        """Handlers whose jobs go to a queue of this worker's database that it does not
+        serve; not internal ones, whose jobs go to the queue of what they serve."""
+        if self.all_queues:
+            return []
+        return [spec for _, spec in sorted(registry.registered().items())
+                if not spec.internal and spec.queue not in self.queues
+                and routing.route("queues", spec.queue) == self.using]
+
+    def _say_what_waits(self) -> None:
+        """A --burst worker that claimed nothing: are jobs due on queues it does not serve?
+        Best effort, one grouped read."""
+        if not self.burst or self.all_queues or self.stats.claimed or self.stopping:
+            return
+        try:
+            due = counts.due_elsewhere(self.queues, self.using)
+        except Error as exc:
+            log.debug("worker %s: could not count the jobs due elsewhere: %s", self.name, exc)
+            return
+        if due:
+            report.due_elsewhere(self.name, self.queues, due)
 
     # -- claiming -----------------------------------------------------------------------
 

@@ -1,6 +1,11 @@
 """What a worker says: one log line per written outcome (the job, its queue, attempt and
-run time, and what happened), which keys hold jobs back, and its counts when it stops.
-The lines carry the job's fields for `--log-format json`."""
+run time, and what happened), which keys hold jobs back, which handlers' queues it does
+not serve, and its counts when it stops. The lines carry the job's fields for
+`--log-format json`.
+
+The stop line counts attempts, and says which of the failed ones failed their job for
+good, since `manage.py jobs stats` counts jobs: "12 attempts failed (9 retried, 3 failed
+for good)"."""
 from __future__ import annotations
 
 import logging
@@ -10,20 +15,31 @@ from dataclasses import dataclass, field
 from leases.management.text import span
 
 from ..jobs.outcomes import BOUNCE_DELAY, Outcome
+from ..registry import Handler
 
 log = logging.getLogger("leases.tasks.worker")
 
 #: A --burst worker stays for retries of its own jobs due within this many seconds.
 BURST_RETRY_WAIT = 60.0
+#: Names a line lists at most.
+NAMES_SHOWN = 10
+#: What became of a failed attempt, by what write_outcomes wrote: tried again later, or
+#: the job ended for good (out of attempts, not to be retried, no worker had its handler).
+RETRIED = ("retry",)
+ENDED = ("dead", "failed", "unhandled")
 
 
 @dataclass
 class Stats:
-    """What a worker did, counted once written: attempts claimed, and how they ended."""
+    """What a worker did, counted once written: attempts claimed, and how they ended.
+    `failed` counts failed attempts: `retried` of them are tried again, `ended` failed
+    their job for good; the rest were recorded by no one, their claim taken back."""
 
     claimed: int = 0
     succeeded: int = 0
     failed: int = 0
+    retried: int = 0
+    ended: int = 0
     recovered: int = 0
     bounced: int = 0
     claims: int = 0
@@ -52,6 +68,8 @@ def outcomes_written(worker: str, outcomes: list[Outcome], written: dict[int, st
                         outcome.error[1], BOUNCE_DELAY, grace, extra={**fields, "outcome": "bounced"})
             continue
         stats.failed += 1
+        stats.retried += what in RETRIED
+        stats.ended += what in ENDED
         if what == "retry" and outcome.delay <= BURST_RETRY_WAIT:
             stay = max(stay, time.monotonic() + outcome.delay + 1.0)
         _failure(outcome, what, grace, fields)
@@ -84,5 +102,31 @@ def keys_at_limit(worker: str, blocked: dict[str, int]) -> None:
 
 
 def stopped(worker: str, stats: Stats) -> None:
-    log.info("worker %s stopped: %d claimed, %d succeeded, %d failed, %d recovered, %d bounced", worker,
-             stats.claimed, stats.succeeded, stats.failed, stats.recovered, stats.bounced)
+    """Attempts claimed and how they ended; jobs of stopped workers it put back."""
+    lapsed = stats.failed - stats.retried - stats.ended
+    failures = f"{stats.retried} retried, {stats.ended} failed for good" + (
+        f", {lapsed} not recorded: their claim had lapsed" if lapsed else "")
+    log.info("worker %s stopped: %d attempts claimed, %d succeeded, %d failed (%s), %d bounced; %d jobs of"
+             " stopped workers recovered", worker, stats.claimed, stats.succeeded, stats.failed, failures,
+             stats.bounced, stats.recovered)
+
+
+def unserved(worker: str, queues: list[str], handlers: list[Handler]) -> None:
+    """One warning at start: handlers whose jobs go to queues this worker does not serve,
+    so a plain worker that never runs a handler of queue "crawl" says so."""
+    missing = sorted({spec.queue for spec in handlers})
+    named = ", ".join(f"{spec.name} ({spec.queue})" for spec in handlers[:NAMES_SHOWN])
+    more = f" and {len(handlers) - NAMES_SHOWN} more" if len(handlers) > NAMES_SHOWN else ""
+    log.warning("worker %s serves queues %s, not those of handlers %s%s: their jobs wait for another worker;"
+                " to serve them too, --queue %s or --queue '*'", worker, ",".join(queues), named, more,
+                ",".join(sorted({*queues, *missing})))
+
+
+def due_elsewhere(worker: str, queues: list[str], due: dict[str, int]) -> None:
+    """The line of a --burst worker that claimed nothing while jobs are due on queues it
+    does not serve, before it exits."""
+    busiest = sorted(due.items(), key=lambda item: (-item[1], item[0]))
+    listed = ", ".join(f"{name} ({count})" for name, count in busiest[:NAMES_SHOWN])
+    more = f" and {len(busiest) - NAMES_SHOWN} more" if len(busiest) > NAMES_SHOWN else ""
+    log.warning("worker %s claimed nothing, but queues it does not serve have jobs due: %s%s; serve them"
+                " with --queue %s or --queue '*'", worker, listed, more, ",".join(sorted({*queues, *due})))

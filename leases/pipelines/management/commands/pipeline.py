@@ -5,8 +5,8 @@ written); 75 (EX_TEMPFAIL) `wait` timed out, or the database is unavailable.
 """
 from __future__ import annotations
 
-import json
 import math
+import re
 import time
 from datetime import datetime
 from typing import Any
@@ -18,10 +18,10 @@ from leases.clock import db_now
 from leases.durations import parse_duration
 from leases.exceptions import UnknownHandler
 from leases.management.base import EX_TEMPFAIL, EX_USAGE, LeasesCommand, add_database_option, import_modules
-from leases.management.text import clock, elapsed, parse_json, shown, span, table
+from leases.management.text import block, clock, elapsed, parse_json, shown, span, table
 from leases.pipelines import definition
 from leases.pipelines.models import Run, StageRun
-from leases.pipelines.report import STATUS_ORDER, RunReport
+from leases.pipelines.report import STATUS_ORDER, RunReport, failed_tasks, progress
 from leases.pipelines.runs import prune
 
 #: Seconds between two looks at the run in `wait`.
@@ -32,21 +32,23 @@ TIMELINE_WIDTH = 60
 ERROR_WIDTH = 100
 #: Largest id a database key column holds; a bigger number names no run.
 MAX_ID = 2**63 - 1
+#: Rows `list` prints at most, whatever --limit asks (as `jobs list`).
+MAX_LIMIT = 10_000
+_ID = re.compile(r"[0-9]+")
 
 
 def run_id(text: str) -> int:
-    """A run id as typed; ValueError (exit 2) unless it is a whole number."""
-    try:
-        number = int(text)
-    except ValueError:
-        raise ValueError(f"RUN must be a run id (a number), not {text!r}") from None
-    return number
+    """A run id as typed; ValueError (exit 2) for anything but a whole number that a key
+    column can hold, in the words `jobs` uses for a job id."""
+    if not _ID.fullmatch(text) or not 0 < int(text) <= MAX_ID:
+        raise ValueError(f"a run id is a whole number from 1 to {MAX_ID}, not {text!r}")
+    return int(text)
 
 
 def find_run(text: str, using: str) -> Run:
     """The run named on the command line; ValueError (exit 2) when there is none."""
     number = run_id(text)
-    found = Run.objects.using(using).filter(pk=number).first() if 0 < number <= MAX_ID else None
+    found = Run.objects.using(using).filter(pk=number).first()
     if found is None:
         raise ValueError(f"no pipeline run #{number}")
     return found
@@ -93,7 +95,7 @@ class Command(LeasesCommand):
         listing = sub.add_parser("list", help="runs, newest first")
         listing.add_argument("--status", help=f"only runs in this status ({', '.join(s for s, _ in Run.STATUSES)})")
         listing.add_argument("--name", help="only runs of this pipeline")
-        listing.add_argument("--limit", default="50", help="runs shown at most (default 50)")
+        listing.add_argument("--limit", default="50", help=f"runs shown (default 50, at most {MAX_LIMIT})")
         show = sub.add_parser("show", help="a run with its stages, tasks and a timeline")
         show.add_argument("run", help="the run's id")
         for action, text in [
@@ -133,25 +135,25 @@ class Command(LeasesCommand):
         statuses = [s for s, _ in Run.STATUSES]
         if status is not None and status not in statuses:
             raise ValueError(f"--status must be one of {', '.join(statuses)}, not {status!r}")
-        try:
-            count = int(limit)
-        except ValueError:
-            count = 0
-        if count < 1:
-            raise ValueError(f"--limit must be a whole number >= 1, not {limit!r}")
+        count = int(limit) if _ID.fullmatch(limit) else 0
+        if not 1 <= count <= MAX_LIMIT:
+            raise ValueError(f"--limit must be a whole number from 1 to {MAX_LIMIT}, not {limit!r}")
         runs = Run.objects.using(self.using).defer("definition", "context").with_progress().order_by("-pk")
         if status is not None:
             runs = runs.filter(status=status)
         if name is not None:
             runs = runs.filter(pipeline=name)
         now = db_now(self.using)
+        found = list(runs[:count])
+        failed = failed_tasks([run.pk for run in found], self.using)
         lines = [["ID", "PIPELINE", "KEY", "STATUS", "PROGRESS", "STARTED", "DURATION"]]
-        for run in runs[:count]:
+        for run in found:
             lines.append([
-                str(run.pk), shown(run.pipeline), shown(run.key), run.status, f"{run.tasks_done}/{run.tasks_total}",
+                str(run.pk), shown(run.pipeline), shown(run.key), run.status,
+                progress(run.tasks_done, run.tasks_total, failed.get(run.pk, 0)),
                 clock(run.queued_at), elapsed(run.queued_at, run.finished_at, now if run.status in Run.LIVE else None),
             ])
-        self.stdout.write(table(lines))
+        self.stdout.write(table(lines) if found else "no runs")
 
     def _show(self, run: str, **options: Any) -> None:
         Show(find_run(run, self.using), self.using).write(self.stdout.write)
@@ -177,7 +179,10 @@ class Command(LeasesCommand):
         self.stdout.write(f"run #{found.pk}: stage {shown(stage)} restarted; the run is {found.status}")
 
     def _wait(self, run: str, timeout: str | None, **options: Any) -> None:
-        limit = None if timeout is None else parse_duration(timeout)
+        try:
+            limit = None if timeout is None else parse_duration(timeout)
+        except ValueError as exc:
+            raise ValueError(f"--timeout: {exc}") from None
         found = find_run(run, self.using)
         deadline = None if limit is None else time.monotonic() + limit
         rows = Run.objects.using(self.using).filter(pk=found.pk).values_list("status", "error")
@@ -199,7 +204,7 @@ class Command(LeasesCommand):
 
     def _prune(self, older_than: str, verbosity: int, **options: Any) -> None:
         try:
-            seconds = parse_duration(older_than)
+            seconds = parse_duration(older_than, unit=True)  # as leases_prune: a bare 7 is no 7 days
         except ValueError as exc:
             raise ValueError(f"--older-than: {exc}") from None
         total = 0
@@ -229,14 +234,14 @@ class Show:
             ["key", shown(run.key)],
             ["status", run.status],
             ["error", shown(run.error)],
-            ["context", json.dumps(run.context, sort_keys=True)],
-            ["progress", f"{report.tasks_done}/{report.tasks_total} tasks done"],
+            ["progress", progress(report.tasks_done, report.tasks_total, report.failed(), " tasks done")],
             ["queued", clock(run.queued_at)],
             ["started", clock(run.started_at)],
             ["finished", clock(run.finished_at)],
             ["duration", elapsed(run.queued_at, run.finished_at, report.now if report.live else None)],
         ]
         out(table([line for line in head if line[1]]))
+        out(block("context", run.context))
         out("")
         out(self._stage_table())
         for stage in report.stages:
@@ -253,9 +258,10 @@ class Show:
         lines = [["STAGE", "STATUS", "TASKS", "STARTED", "FINISHED", "DURATION", "ERROR"]]
         for stage in report.stages:
             start, end, going = report.stage_times(stage)
+            tasks = progress(report.done(stage), report.total(stage), report.failed(stage))
             lines.append([
-                shown(stage.name), stage.status, f"{report.done(stage)}/{report.total(stage)}", clock(start),
-                clock(end), elapsed(start, end, going), cell(stage.error),
+                shown(stage.name), stage.status, tasks, clock(start), clock(end), elapsed(start, end, going),
+                cell(stage.error),
             ])
         return table(lines)
 

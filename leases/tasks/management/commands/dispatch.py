@@ -43,7 +43,9 @@ KNOWN_SHOWN = 20
 
 
 class Command(LeasesCommand):
-    help = "Load, hand out and inspect the task pool of a dispatcher."
+    help = ("Load, hand out and inspect the task pool of a dispatcher. Exit codes: 0 done, 1 check found a "
+            "different bucket, 2 bad input (nothing written), 75 another rebuild is running or the database "
+            "is unavailable.")
 
     def add_arguments(self, parser: CommandParser) -> None:
         sub = parser.add_subparsers(dest="action", required=True)
@@ -113,5 +115,9 @@ class Command(LeasesCommand):
         self.stdout.write(json.dumps(dispatcher.stats(), indent=2))
 
     def _reclaim(self, dispatcher: Dispatcher, stale_after: str, **options: Any) -> None:
-        returned = dispatcher.reclaim(parse_duration(stale_after))
+        try:
+            seconds = parse_duration(stale_after)
+        except ValueError as exc:
+            raise ValueError(f"--stale-after: {exc}") from None
+        returned = dispatcher.reclaim(seconds)
         self.stdout.write(f"{returned} tasks back in the pool")

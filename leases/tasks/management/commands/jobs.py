@@ -2,14 +2,17 @@
 
 Every read stays quick on a table of millions of finished jobs: `list` reads the newest
 rows by primary key, `stats` runs a fixed handful of grouped queries over the claim and
-finished_at indexes, and nothing counts the whole table.
+finished_at indexes (leases.tasks.jobs.counts), and nothing counts the whole table.
+
+Jobs of internal handlers (an app's bookkeeping, such as a pipeline's advance event)
+are not operators' work: `list` leaves them out unless asked (`--internal`, `--all`, or
+`--name` naming one), and `stats` counts them on a line of their own.
 
 Exit codes: 0 done; 1 `wait` saw the job fail, die or be cancelled (or deleted); 2 bad
 input (nothing written); 75 (EX_TEMPFAIL) `wait` timed out, or the database is unavailable.
 """
 from __future__ import annotations
 
-import json
 import re
 import time
 from collections.abc import Iterable, Sequence
@@ -17,14 +20,14 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
-from django.db.models import Count, Min, Q
 
 from leases import db, routing
 from leases.clock import db_now
 from leases.durations import parse_duration
 from leases.management.base import EX_TEMPFAIL, LeasesCommand, add_database_option
-from leases.management.text import ago, clock, elapsed, shown, table, whole
-from leases.tasks.jobs import actions
+from leases.management.text import ago, block, clock, elapsed, shown, table, when
+from leases.tasks import registry
+from leases.tasks.jobs import actions, counts
 from leases.tasks.jobs.queues import all_queues, known_queues
 from leases.tasks.models import Job, JobError
 
@@ -38,8 +41,8 @@ MAX_LIMIT = 10_000
 ERROR_WIDTH = 100
 #: Ids per call of the queue's actions.
 BATCH = 500
-#: The window of `stats`'s finished counts.
-RECENT = timedelta(hours=1)
+#: Ids an error about ids that name no job lists.
+IDS_SHOWN = 10
 LABELS = dict(Job.STATUSES)
 NAMES = list(LABELS.values())
 _ID = re.compile(r"[0-9]+")
@@ -78,21 +81,24 @@ def relative(moment: datetime | None, now: datetime) -> str:
     return "-" if moment is None else ago(moment, now)
 
 
-def when(moment: datetime | None, now: datetime) -> str:
-    """A time with how far it is from now: 2026-01-02 03:04:05Z (2m ago)."""
-    return f"{clock(moment)} ({relative(moment, now)})" if moment else "-"
-
-
 def cell(text: str) -> str:
     """A message for a table cell: printable, on one line, cut to ERROR_WIDTH."""
     text = shown(text)
     return text if len(text) <= ERROR_WIDTH else text[: ERROR_WIDTH - 3] + "..."
 
 
-def as_json(value: Any) -> list[str]:
-    """`value` as indented JSON lines, each safe for a terminal."""
-    text = json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False)
-    return [shown(line) for line in text.splitlines()]
+def existing(wanted: list[int], verb: str, using: str) -> list[int]:
+    """`wanted`, once each is known to name a job; ValueError (exit 2, nothing done)
+    naming those that do not."""
+    jobs = Job.objects.using(using)
+    found = {pk for start in range(0, len(wanted), BATCH)
+             for pk in jobs.filter(pk__in=wanted[start : start + BATCH]).values_list("pk", flat=True)}
+    missing = [pk for pk in wanted if pk not in found]
+    if missing:
+        listed = ", ".join(f"#{pk}" for pk in missing[:IDS_SHOWN])
+        more = f" and {len(missing) - IDS_SHOWN} more" if len(missing) > IDS_SHOWN else ""
+        raise ValueError(f"no job {listed}{more}: nothing {verb}")
+    return wanted
 
 
 def find_job(text: str, using: str) -> Job:
@@ -119,11 +125,17 @@ class Command(LeasesCommand):
         listing.add_argument("--status", help=f"only jobs in this status ({statuses})")
         listing.add_argument("--name", help="only jobs of this handler")
         listing.add_argument("--limit", default="50", help=f"jobs shown (default 50, at most {MAX_LIMIT})")
+        which = listing.add_mutually_exclusive_group()
+        which.add_argument("--internal", action="store_true",
+                           help="only jobs apps make for their own bookkeeping (a pipeline's advance event)")
+        which.add_argument("--all", dest="show_all", action="store_true",
+                           help="operators' jobs and internal ones")
         show = sub.add_parser("show", help="every field of a job, and the error of each failed attempt")
         show.add_argument("job", help="the job's id")
         show.add_argument("--traceback", action="store_true", help="print each error's traceback too")
         stats = sub.add_parser(
-            "stats", help="per queue: waiting, running, due, oldest due, ended in the last hour"
+            "stats", help="per queue: ready, blocked, running, due, oldest due, ended in the last hour; "
+                          "internal jobs on a line of their own"
         )
         stats.add_argument("--queue", help="only this queue")
         for action, (_, _, _, allowed, text) in ACTIONS.items():
@@ -152,8 +164,8 @@ class Command(LeasesCommand):
         else:
             getattr(self, f"_{action}")(**options)
 
-    def _list(self, queue: str | None, status: str | None, name: str | None, limit: str,
-              **options: Any) -> None:
+    def _list(self, queue: str | None, status: str | None, name: str | None, limit: str, internal: bool,
+              show_all: bool, **options: Any) -> None:
         count = int(limit) if _ID.fullmatch(limit) else 0
         if not 1 <= count <= MAX_LIMIT:
             raise ValueError(f"--limit must be a whole number from 1 to {MAX_LIMIT}, not {limit!r}")
@@ -165,6 +177,14 @@ class Command(LeasesCommand):
             jobs = jobs.filter(queue=queue)
         if name is not None:
             jobs = jobs.filter(name=name)
+        hidden = registry.internal_names()
+        asked = jobs
+        if internal:
+            jobs = jobs.filter(name__in=hidden)
+        elif hidden and not show_all and name not in hidden:  # --name of one shows it: it was asked for
+            jobs = jobs.exclude(name__in=hidden)
+        else:
+            hidden = frozenset()
         now = db_now(using)
         rows = jobs.values_list(
             "pk", "name", "queue", "status", "attempt", "max_attempts", "run_at", "worker", "finished_at",
@@ -177,7 +197,12 @@ class Command(LeasesCommand):
                 f"{attempt}/{attempts}", relative(run_at, now), shown(worker) or "-",
                 clock(finished_at) or "-",
             ])
-        self.stdout.write(table(lines) if len(lines) > 1 else "no jobs")
+        if len(lines) > 1:
+            self.stdout.write(table(lines))
+        elif hidden and asked.filter(name__in=hidden).exists():  # a second read, only when none is listed
+            self.stdout.write("no jobs but internal ones (--all shows them)")
+        else:
+            self.stdout.write("no jobs")
 
     def _show(self, job: str, traceback: bool, **options: Any) -> None:
         using = self.using
@@ -210,11 +235,8 @@ class Command(LeasesCommand):
             ["duration", elapsed(found.started_at, found.finished_at, now if running else None) or "-"],
         ]
         self.stdout.write(table(head))
-        self.stdout.write("payload:\n" + "\n".join("  " + line for line in as_json(found.payload)))
-        if found.result is None:
-            self.stdout.write("result: -")
-        else:
-            self.stdout.write("result:\n" + "\n".join("  " + line for line in as_json(found.result)))
+        self.stdout.write(block("payload", found.payload))
+        self.stdout.write(block("result", found.result))
         errors = list(JobError.objects.using(using).filter(job_id=found.pk).order_by("attempt", "pk"))
         if not errors:
             self.stdout.write("no errors")
@@ -232,26 +254,8 @@ class Command(LeasesCommand):
     def _stats(self, queue: str | None, **options: Any) -> None:
         using = self.using
         now = db_now(using)
-        jobs = Job.objects.using(using).order_by()
-        if queue is not None:
-            jobs = jobs.filter(queue=queue)
-        # One row per queue from each of three grouped reads: waiting and running jobs, and
-        # the due ones, through the claim index's status prefix; what ended in the last
-        # hour through the finished_at index alone. Grouping by queue only: grouped by
-        # (queue, status), SQLite walks the whole claim index to skip sorting the groups.
-        def count(status: str) -> Count:
-            return Count("pk", filter=Q(status=status))
-
-        live = jobs.filter(status__in=["ready", "running", "blocked"]).values("queue").annotate(
-            ready=count("ready"), blocked=count("blocked"), running=count("running"))
-        due = jobs.filter(status="ready", run_at__lte=now).values("queue").annotate(
-            due=Count("pk"), oldest=Min("run_at"))
-        recent = jobs.filter(finished_at__gte=now - RECENT).values("queue").annotate(
-            succeeded=count("succeeded"), failed=count("failed"), dead=count("dead"))
-        found: dict[str, dict[str, Any]] = {}
-        for part in (live, due, recent):
-            for row in part:
-                found.setdefault(row.pop("queue"), {}).update(row)
+        found = counts.by_queue(now, queue, using)
+        internal = found.pop(counts.INTERNAL, None)
         settings = all_queues(using)
         names = sorted(set(settings) | set(found))
         if queue is not None:
@@ -259,24 +263,30 @@ class Command(LeasesCommand):
             if queue not in known:
                 raise ValueError(f"no queue named {queue!r} (known: {', '.join(known) or 'none'})")
             names = [queue]
-        lines = [["QUEUE", "WAITING", "BLOCKED", "RUNNING", "DUE", "OLDEST DUE", "SUCCEEDED/1H", "FAILED/1H",
+        # Each column counts one status, as `jobs list --status` names it (READY leaves out
+        # BLOCKED); DUE: the ready jobs whose time has come.
+        lines = [["QUEUE", "READY", "BLOCKED", "RUNNING", "DUE", "OLDEST DUE", "SUCCEEDED/1H", "FAILED/1H",
                   "DEAD/1H", "PAUSED"]]
         for name in names:
-            of = found.get(name, {})
-            oldest = of.get("oldest")
-            lines.append([
-                shown(name), str(of.get("ready", 0) + of.get("blocked", 0)), str(of.get("blocked", 0)),
-                str(of.get("running", 0)), str(of.get("due", 0)),
-                "-" if oldest is None else whole((now - oldest).total_seconds()),
-                *(str(of.get(key, 0)) for key in ("succeeded", "failed", "dead")),
-                "yes" if name in settings and settings[name].paused else "no",
-            ])
+            lines.append([shown(name), *self._counts(found.get(name), now),
+                          "yes" if name in settings and settings[name].paused else "no"])
+        if internal is not None:
+            lines.append([counts.INTERNAL, *self._counts(internal, now), "-"])
         self.stdout.write(table(lines) if names else "no queues")
+
+    @staticmethod
+    def _counts(of: dict[str, Any] | None, now: datetime) -> list[str]:
+        """The counted cells of a line of `stats`."""
+        of = of or {}
+        return [*(str(of.get(field, 0)) for field in ("ready", "blocked", "running", "due")),
+                relative(of.get("oldest"), now),
+                *(str(of.get(field, 0)) for field in ("succeeded", "failed", "dead"))]
 
     def _act(self, action: str, ids: list[str], status: str | None, queue: str | None, verbosity: int,
              older_than: str | None = None, **options: Any) -> None:
         """Retry, cancel or discard the jobs named by id, or every job in a status a batch
-        at a time, through leases.tasks.queue; all that was typed is checked first."""
+        at a time, through leases.tasks.queue; all that was typed is checked first, every
+        id included: one that names no job is bad input, and nothing is done."""
         call, verb, skipped, allowed, _ = ACTIONS[action]
         if ids and (status is not None or queue is not None or older_than is not None):
             raise ValueError(f"{action}: give job ids or --status, not both")
@@ -285,15 +295,11 @@ class Command(LeasesCommand):
         if action == "cancel" and status is not None and queue is None:
             raise ValueError("cancel --status needs --queue: one queue's waiting jobs at a time")
         using = self.using
-        done = seen = missing = 0
+        done = seen = 0
         batches: Iterable[list[int]]
         if status is None:  # ids, as checked above
-            wanted = job_ids(ids)
-            jobs = Job.objects.using(using)
-            found = [pk for start in range(0, len(wanted), BATCH)
-                     for pk in jobs.filter(pk__in=wanted[start : start + BATCH]).values_list("pk", flat=True)]
-            batches = (found[start : start + BATCH] for start in range(0, len(found), BATCH))
-            missing = len(wanted) - len(found)
+            wanted = existing(job_ids(ids), verb, using)
+            batches = (wanted[start : start + BATCH] for start in range(0, len(wanted), BATCH))
         else:
             name = status_name(status, allowed, action)
             try:
@@ -307,11 +313,9 @@ class Command(LeasesCommand):
             seen += len(batch)
             if verbosity > 1:
                 self.stderr.write(f"{verb} {done} of {seen} so far")
-        notes = [f"{seen - done} {skipped}"] if seen > done else []
-        notes += [f"{missing} not found"] if missing else []
         if verbosity > 0:
-            detail = f" ({'; '.join(notes)})" if notes else ""
-            self.stdout.write(f"{verb} {done} of {seen + missing}{detail}")
+            detail = f" ({seen - done} {skipped})" if seen > done else ""
+            self.stdout.write(f"{verb} {done} of {seen}{detail}")
 
     def _wait(self, job: str, timeout: str, **options: Any) -> None:
         try:

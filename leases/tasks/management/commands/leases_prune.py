@@ -19,7 +19,8 @@ from leases.tasks.jobs.recovery import forget_workers
 
 class Command(LeasesCommand):
     help = ("Delete jobs that finished (succeeded, failed, dead, cancelled) longer ago than --older-than, "
-            "and queue workers gone that long.")
+            "and queue workers gone that long. Exit codes: 0 done, 2 bad input (nothing deleted), 75 the "
+            "database is unavailable.")
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--older-than", required=True, help="with a unit: 12h, 7d (finished before now minus this)")

@@ -41,7 +41,8 @@ def _seconds(text: str, what: str, minimum: float = 0.0, above: bool = True, max
 
 
 class Command(LeasesCommand):
-    help = "Run jobs of the delayed queue (and Django Tasks of the leases backend)."
+    help = ("Run jobs of the delayed queue (and Django Tasks of the leases backend). Exit codes: 0 stopped, or "
+            "out of work with --burst; 1 a second SIGTERM or SIGINT stopped it at once; 2 bad input.")
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--queue", default="default", help="queues to serve, comma-separated, or * (default: default)")

@@ -13,7 +13,7 @@ from leases import db, routing
 from leases.clock import db_now
 from leases.durations import parse_duration
 from leases.management.base import LeasesCommand, add_database_option, import_modules
-from leases.management.text import clock, elapsed, parse_json, shown, table
+from leases.management.text import block, clock, elapsed, parse_json, shown, table, when
 from leases.tasks import schedules
 from leases.tasks.models import Job, Schedule, ScheduleRun
 
@@ -21,15 +21,6 @@ from leases.tasks.models import Job, Schedule, ScheduleRun
 UPCOMING = 5
 #: Characters of an error in a table cell.
 ERROR_WIDTH = 80
-
-
-def relative(moment: datetime | None, now: datetime) -> str:
-    """'in 42s' or '3m ago' by the database clock, with the time itself."""
-    if moment is None:
-        return "-"
-    seconds = (moment - now).total_seconds()
-    words = f"in {elapsed(now, moment, None)}" if seconds >= 0 else f"{elapsed(moment, now, None)} ago"
-    return f"{clock(moment)} ({words})"
 
 
 def what(row: Schedule) -> str:
@@ -109,7 +100,7 @@ class Command(LeasesCommand):
             run = last[row.pk]
             lines.append([
                 shown(row.name), what(row), shown(schedules.Timing.of(row).describe()),
-                relative(row.next_fire_at, now) if row.enabled else "-", clock(row.last_fire_at) or "-",
+                when(row.next_fire_at, now) if row.enabled else "-", clock(row.last_fire_at) or "-",
                 schedules.status_of(run, jobs.get(run.job_id)) if run else "-", "yes" if row.enabled else "no",
                 row.source,
             ])
@@ -124,8 +115,12 @@ class Command(LeasesCommand):
         except ValueError:
             raise ValueError(f"--priority must be a whole number, not {priority!r}") from None
         try:
+            seconds = None if every is None else parse_duration(every)
+        except ValueError as exc:
+            raise ValueError(f"--every: {exc}") from None
+        try:
             row = schedules.schedule(
-                name, handler, pipeline=pipeline, cron=cron, every=None if every is None else parse_duration(every),
+                name, handler, pipeline=pipeline, cron=cron, every=seconds,
                 at=None if at is None else parse_at(at), timezone=timezone,
                 payload=None if payload is None else parse_json(payload, "--payload"),
                 context=None if context is None else parse_json(context, "--context"),
@@ -133,9 +128,10 @@ class Command(LeasesCommand):
             )
         except LookupError as exc:  # UnknownHandler
             raise ValueError(str(exc)) from None
+        next_fire = when(row.next_fire_at, db_now(self.using)) if row.enabled else "- (disabled)"
         self.stdout.write(
-            f"schedule {shown(row.name)}: {what(row)}, {schedules.Timing.of(row).describe()}; next fire "
-            f"{clock(row.next_fire_at) or '-'}"
+            f"schedule {shown(row.name)}: {what(row)}, {shown(schedules.Timing.of(row).describe())}; next fire "
+            f"{next_fire}"
         )
 
     def _run(self, name: str, **options: Any) -> None:
@@ -165,17 +161,17 @@ class Command(LeasesCommand):
         head = [
             ["name", shown(row.name)], ["what", what(row)], ["when", shown(timing.describe())],
             ["cron", shown(row.cron)],
-            ["at", clock(row.at)], ["timezone", row.timezone if row.cron else ""], ["payload" if row.handler else "context",
-                                                               shown(str(row.payload))],
+            ["at", clock(row.at)], ["timezone", row.timezone if row.cron else ""],
             ["queue", shown(row.queue) or "(the handler's)"], ["priority", str(row.priority)],
             ["catch up", row.catch_up], ["enabled", "yes" if row.enabled else "no"], ["source", row.source],
             ["fired", f"{row.fires} run(s), last at {clock(row.last_fire_at) or '-'}"],
         ]
         self.stdout.write(table([line for line in head if line[1]]))
+        self.stdout.write(block("payload" if row.handler else "context", row.payload))
         upcoming = timing.upcoming(row.next_fire_at, UPCOMING) if row.enabled else []
         self.stdout.write("\nnext fire times (database clock):" if upcoming else "\nno fire time ahead")
         for tick in upcoming:
-            self.stdout.write(f"  {relative(tick, now)}")
+            self.stdout.write(f"  {when(tick, now)}")
         runs = list(ScheduleRun.objects.using(using).filter(schedule=row).order_by("-number")[:20])
         if not runs:
             self.stdout.write("\nno runs yet")
