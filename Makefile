@@ -6,7 +6,7 @@ PYTHON ?= python3
 PY     := $(VENV)/bin/python
 USES_MYSQL := $(findstring mysql,$(firstword $(subst :, ,$(DATABASE_URL))))
 
-.PHONY: venv demo test bench bench-queue bench-pipelines bench-capacity soak clean galera-up galera-down test-galera
+.PHONY: venv demo test docs bench bench-queue bench-pipelines bench-capacity soak clean galera-up galera-down test-galera
 
 $(VENV)/.installed: requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,14 @@ demo: venv
 
 test: venv
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The documentation site (docs/*.md through Sphinx, Furo and MyST); every warning is an error.
+$(VENV)/.docs: $(VENV)/.installed requirements-docs.txt
+	$(PY) -m pip install -q -r requirements-docs.txt
+	touch $@
+
+docs: $(VENV)/.docs
+	$(VENV)/bin/sphinx-build -W --keep-going -b html docs docs/_build/html
 
 bench: venv $(VENV)/.bench
 	$(PY) bench/leases.py $(BENCH_ARGS)

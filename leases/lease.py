@@ -92,6 +92,7 @@ class Hold:
 
     @property
     def expires_at(self) -> datetime:
+        """When it surely stops being yours unless renewed, as a database-clock time."""
         return self._db_anchor + timedelta(seconds=self._deadline - self._mono_anchor)
 
     @property
@@ -153,8 +154,14 @@ class Hold:
 
 
 class Lease(Hold):
-    """Exclusive use of one slot of a resource of a pool; `resource` is the resource's
-    data, `slot` which of its slots (0 for a resource of one slot)."""
+    """Exclusive use of one slot of a resource of a pool, as `Pool.acquire` returns it.
+
+    `pool` and `name` name the resource, `resource` is its data (JSON), `slot` which of
+    its slots (0 for a resource of one slot), `token` its fencing token, `holder` the
+    holder string stored in its row. `remaining()` is how long it is surely yours,
+    `check()` raises LeaseLost once it is not, `renew()` extends it and `release()`
+    gives it up (see `Hold`).
+    """
 
     kind = "resource"
 

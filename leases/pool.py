@@ -139,7 +139,9 @@ class Pool:
         return Resource.objects.using(self.using)
 
     def resources(self):
-        """The pool's rows, for listing (state needs `leases.clock.db_now()`, not the client clock)."""
+        """A QuerySet of the pool's `Resource` rows (one per slot), for listing. Judge their
+        state with `Resource.state_at(leases.clock.db_now())`: by the database's clock,
+        never this host's."""
         return self._objects().filter(pool=self.name)
 
     def add(self, name: str, data: Any = None, slots: int = 1) -> bool:
@@ -230,14 +232,16 @@ class Pool:
         With `wait` > 0, retry with jittered pauses until that many seconds have passed,
         riding out database outages as well as an exhausted pool; then raise the
         database's error if the last attempt got no answer, else NoResourceAvailable.
-        An attempt against a refused connection takes `db.run` a few seconds to give up,
-        so the deadline can be overrun by that much. UnknownPool when the pool has no
-        resources at all.
+        A refused connection takes a few seconds to give up on, so the deadline can be
+        overrun by that much. UnknownPool when the pool has no resources at all.
 
         With `fair=True` (and `wait`), callers that wait are served in the order they
-        came: each takes a ticket and only the oldest live one tries, every FAIR_POLL
-        seconds. It costs each waiter two statements a poll, and a slot freed waits for
-        the next poll of the first in line; callers without `fair` are not held back.
+        came: each takes a ticket and only the oldest live one tries, every 50 ms. It
+        costs each waiter two statements a poll, and a slot freed waits for the next poll
+        of the first in line; callers without `fair` are not held back.
+
+        `holder` names you in the row (default host:pid; a random suffix is added, so it
+        is unique per acquisition). Returns the `Lease`.
         """
         ttl = check_ttl(ttl)
         deadline = time.monotonic() + check_wait(wait)

@@ -113,6 +113,8 @@ class DatabaseBackend(BaseTaskBackend):
         return result
 
     def get_result(self, result_id: str) -> TaskResult:
+        """The task's state as its job row tells it now; TaskResultDoesNotExist for an
+        id this backend never gave (or whose job was pruned)."""
         try:
             job = Job.objects.using(self.using).get(pk=int(result_id), backend=self.alias)
         except (ValueError, Job.DoesNotExist):
