@@ -12,6 +12,7 @@ _EXPORTS = {
     "Pool": "leases.pool",
     "Lease": "leases.lease",
     "ResourceThread": "leases.thread",
+    "AsyncHolder": "leases.holder",
     "LeaseError": "leases.exceptions",
     "LeaseLost": "leases.exceptions",
     "NoResourceAvailable": "leases.exceptions",
@@ -22,6 +23,8 @@ _EXPORTS = {
     "synchronized": "leases.locks",
     "break_lock": "leases.locks",
     "HeldLock": "leases.locks",
+    "configure": "leases.setup",
+    "create_tables": "leases.setup",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -187,6 +187,34 @@ class Lease(Hold):
     def _release_params(self, cursor: Any) -> tuple:
         return (db.dialect(cursor.db).seconds(self.cooldown), self.id, self.token, self.holder)
 
+    def quarantine(self, seconds: float = 86400, reason: str = "") -> None:
+        """Take this lease's slot out of service for `seconds` and give it up: a ban seen
+        through this holding. It acts only while this holding is current (checked by the
+        row's id, token and holder in one statement), so a verdict that arrives after the
+        lease passed on cannot touch the next holder's; then it raises LeaseLost and
+        changes nothing. The slot's token grows. `Pool.quarantine(name)` is the operator's
+        action on the whole resource, whoever holds it."""
+        seconds = check_ttl(seconds, "quarantine seconds")
+        reason = str(reason)[:255]
+        with self._lock:
+            if self.released:
+                raise LeaseLost(f"{self} (token {self.token}) was released: not quarantined")
+
+            def work(cursor: Any, resumed: bool) -> bool:
+                later = db.dialect(cursor.db).seconds(seconds)
+                sql = statements(cursor.db)
+                cursor.execute(sql.quarantine_held, (later, later, reason, self.id, self.token, self.holder))
+                if cursor.rowcount == 1 or not resumed:
+                    return cursor.rowcount == 1
+                cursor.execute(sql.quarantined, (self.id, self.token + 1))  # the lost reply's
+                return cursor.fetchone() is not None
+
+            done = db.run(work, self.using)
+            self.released = True
+            if not done:
+                self.lost = True
+                raise LeaseLost(f"{self} (token {self.token}) is held by another holder now: not quarantined")
+
 
 def keep_alive(lease: Hold, interval: float, stop: threading.Event) -> None:
     """Renew `lease` every `interval` seconds until `stop` is set or the lease is lost.
@@ -231,8 +259,9 @@ class Heartbeat(threading.Thread):
         self.join(max(0.0, timeout))
 
 
-def release_within(hold: Hold, seconds: float) -> bool:
-    """Release `hold`, waiting at most `seconds` (and never past its local deadline).
+def release_within(hold: Hold, seconds: float, cooldown: float | None = None) -> bool:
+    """Release `hold`, waiting at most `seconds` (and never past its local deadline); a
+    lease's slot then rests `cooldown` seconds (default: its pool's).
 
     A process that is ending must not hang on a database that is down or stopped
     answering, and a hold that is not released frees itself when its ttl runs out. So a
@@ -250,7 +279,7 @@ def release_within(hold: Hold, seconds: float) -> bool:
 
     def release() -> None:
         try:
-            outcome.append(hold.release())
+            outcome.append(hold.release() if cooldown is None else hold.release(cooldown))
         except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
             outcome.append(exc)
         finally:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import random
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -226,7 +227,8 @@ class Pool:
 
     # -- leasing --------------------------------------------------------------------
 
-    def acquire(self, ttl: float = 60, wait: float = 0, holder: str | None = None, fair: bool = False) -> Lease:
+    def acquire(self, ttl: float = 60, wait: float = 0, holder: str | None = None, fair: bool = False,
+                stop: threading.Event | None = None) -> Lease:
         """Lease one free slot for `ttl` seconds.
 
         With `wait` > 0, retry with jittered pauses until that many seconds have passed,
@@ -241,7 +243,9 @@ class Pool:
         of the first in line; callers without `fair` are not held back.
 
         `holder` names you in the row (default host:pid; a random suffix is added, so it
-        is unique per acquisition). Returns the `Lease`.
+        is unique per acquisition). Setting the `stop` event ends a wait at once
+        (NoResourceAvailable): a process told to stop must not sit out the rest of it.
+        Returns the `Lease`.
         """
         ttl = check_ttl(ttl)
         deadline = time.monotonic() + check_wait(wait)
@@ -275,7 +279,10 @@ class Pool:
                 if error is not None:
                     log.info("pool %r: database unavailable, retrying for %.1fs more: %s", self.name, left, error)
                 pause = FAIR_POLL if line is not None and error is None else 0.05 + db.backoff(attempt, 0.05, 1.0)
-                time.sleep(min(left, pause))
+                if stop is None:
+                    time.sleep(min(left, pause))
+                elif stop.wait(min(left, pause)):
+                    raise NoResourceAvailable(f"stopped waiting for a free resource in pool {self.name!r}")
                 attempt += 1
         finally:
             if line is not None:

@@ -61,6 +61,16 @@ RESOURCE = {
         " quarantine_reason = %s, holder = '', token = token + 1"
         " WHERE pool = %s AND name = %s"
     ),
+    # A holder bans what it holds: only while this holding is current (its id, token and
+    # holder), so a late verdict on an older holding cannot touch the next holder's.
+    # params: seconds, seconds, reason, id, token, holder
+    "quarantine_held": (
+        "UPDATE {t} SET busy_before = {later}, quarantined_until = {later},"
+        " quarantine_reason = %s, holder = '', token = token + 1"
+        " WHERE id = %s AND token = %s AND holder = %s"
+    ),
+    # After a dropped connection: did our quarantine commit? params: id, token + 1
+    "quarantined": "SELECT 1 FROM {t} WHERE id = %s AND token = %s AND quarantined_until > {now}",
     # params: pool, name
     "unquarantine": (
         "UPDATE {t} SET busy_before = {now}, quarantined_until = NULL, quarantine_reason = ''"

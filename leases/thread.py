@@ -3,17 +3,28 @@ from __future__ import annotations
 
 import logging
 import math
+import signal
 import threading
 import time
+from contextlib import contextmanager
+from typing import Iterator
 
 from django.db import Error, connections
 
 from . import db
-from .exceptions import NoResourceAvailable, UnknownPool, UnknownResource
+from .exceptions import LeaseLost, NoResourceAvailable, UnknownPool, UnknownResource
 from .lease import Lease, keep_alive, release_within
 from .pool import Pool
 
 log = logging.getLogger("leases")
+
+#: Signals that end a wait in start() on the main thread, then reach the process's own handler.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def same_holding(lease: Lease | None, other: Lease) -> bool:
+    """Whether two leases are one holding: one slot's row, at one token."""
+    return lease is not None and (lease.id, lease.token) == (other.id, other.token)
 
 
 class ResourceThread(threading.Thread):
@@ -24,7 +35,9 @@ class ResourceThread(threading.Thread):
     pool is exhausted or the database unreachable), then the thread renews the lease
     every `interval`; when the lease is lost it acquires again, for as long as it takes.
     The current lease is `self.lease`: read it each time you use the resource, it
-    changes after a loss or `fix()`.
+    changes after a loss, `replace()` or `fix()`. Override `on_acquired`, `on_lost` and
+    `on_replaced` to hear of those changes. The thread is named after its pool, then
+    after the resource it holds.
 
     Between a loss and the next acquisition `self.lease` stays the lost lease, so code
     that reads it keeps working and learns the truth from it: `check()` raises LeaseLost
@@ -36,29 +49,34 @@ class ResourceThread(threading.Thread):
     pool: str = ""
     ttl: float = 60
     interval: float | None = None
+    #: Serve waiters in the order they came (see `Pool.acquire`).
+    fair: bool = False
     #: How long a resource that fails `is_valid()` stays out of service.
     quarantine_for: float = 86400
     #: How often a waiting worker (exhausted pool, database down) says so in the log.
     wait_step: float = 5
-    #: How soon a waiting start() notices terminate() while the database answers.
-    _poll = 1.0
     holder: str | None = None
 
     def __init__(
         self,
-        pool: str | None = None,
+        pool: str | Pool | None = None,
         ttl: float | None = None,
         interval: float | None = None,
         holder: str | None = None,
         name: str | None = None,
+        fair: bool | None = None,
     ) -> None:
-        super().__init__(name=name, daemon=True)
-        self._pool = Pool(pool or self.pool)
+        self._pool = pool if isinstance(pool, Pool) else Pool(pool or self.pool)
+        super().__init__(name=name or self._pool.name, daemon=True)
+        self._named = name is not None
         self.ttl = ttl if ttl is not None else self.ttl
         self.interval = interval if interval is not None else (self.interval or self.ttl / 3)
         self.holder = holder if holder is not None else self.holder
+        self.fair = fair if fair is not None else self.fair
         self.lease: Lease | None = None
         self._stopping = threading.Event()
+        # Set when self.lease changes or the thread stops: the heartbeat moves on at once.
+        self._switch = threading.Event()
         self._swap = threading.Lock()  # one thread at a time replaces self.lease
         # Held while a new lease is published and while terminate() stops: a lease
         # acquired as terminate() comes is released by exactly one of the two.
@@ -72,18 +90,61 @@ class ResourceThread(threading.Thread):
         """
         return True
 
-    def start(self) -> None:
+    def on_acquired(self, lease: Lease) -> None:
+        """Called (on the thread that acquired it) when a valid lease is held: the first,
+        and each one taken after a loss."""
+
+    def on_lost(self, lease: Lease) -> None:
+        """Called on the heartbeat thread when `lease` ran out or passed to another
+        holder, before another is sought."""
+
+    def on_replaced(self, old: Lease, new: Lease) -> None:
+        """Called (on the thread that asked) when `replace()` or `fix()` swapped `old` for `new`."""
+
+    def start(self, timeout: float | None = None) -> None:
         """Acquire a valid resource, blocking through an exhausted pool and database
         outages, then start heartbeating.
 
-        What waiting cannot cure is raised here: UnknownPool, or a database error that
-        is not an outage (a missing table, bad credentials). If terminate() is called
-        meanwhile, it returns without starting the thread.
+        With `timeout`, NoResourceAvailable if none is held by then. What waiting cannot
+        cure is raised here: UnknownPool, or a database error that is not an outage (a
+        missing table, bad credentials). If terminate() is called meanwhile, or (on the
+        main thread) SIGTERM or SIGINT arrives, it returns without starting the thread;
+        the signal then reaches the handler the process had.
         """
-        with self._swap:
-            self._acquire(background=False)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._signals_stop(), self._swap:
+            self._acquire(background=False, deadline=deadline)
         if self.lease is not None and not self._stopping.is_set():
             super().start()
+
+    @contextmanager
+    def _signals_stop(self) -> Iterator[None]:
+        """On the main thread, let SIGTERM and SIGINT end the wait, then pass them on."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        came: list[int] = []
+
+        def stop(signum: int, frame: object) -> None:
+            came.append(signum)  # only events here: the interrupted code may hold a lock
+            self._stopping.set()
+            self._switch.set()
+
+        before = {sig: signal.signal(sig, stop) for sig in STOP_SIGNALS}
+        try:
+            yield
+        finally:
+            for sig, handler in before.items():
+                signal.signal(sig, handler)
+        if came:
+            log.warning("%s: %s while waiting for a resource of pool %r: stopping", self.name,
+                        signal.Signals(came[0]).name, self._pool.name)
+            self.terminate()  # releases a lease published as the signal came
+            handler = before[came[0]]
+            if callable(handler):
+                handler(came[0], None)
+            elif handler == signal.SIG_DFL:
+                signal.raise_signal(came[0])
 
     def _invalid(self) -> str | None:
         """None if `self.lease`'s resource is valid, else why not."""
@@ -95,8 +156,9 @@ class ResourceThread(threading.Thread):
             log.warning("%s: is_valid() raised on %s: %s", self.name, self.lease, db.one_line(exc))
             return f"{type(self).__name__}.is_valid() raised {type(exc).__name__}: {exc}"
 
-    def _acquire(self, background: bool, lost: Lease | None = None) -> None:
-        """Put a valid lease in self.lease, trying until one is held or terminate() is called.
+    def _acquire(self, background: bool, lost: Lease | None = None, deadline: float | None = None) -> Lease | None:
+        """Put a valid lease in self.lease and return it, trying until one is held,
+        terminate() is called (None) or `deadline` passes (NoResourceAvailable).
 
         An exhausted pool and database outages are waited out (with backoff), saying so
         in the log at most every `wait_step` seconds; invalid resources are quarantined.
@@ -119,17 +181,20 @@ class ResourceThread(threading.Thread):
 
         while not self._stopping.is_set():
             try:
-                wait = min(self._poll, self.wait_step)
-                lease = self._pool.acquire(ttl=self.ttl, wait=wait, holder=self.holder)
+                lease = self._pool.acquire(ttl=self.ttl, wait=self._wait(deadline), holder=self.holder,
+                                           fair=self.fair, stop=self._stopping)
                 failures = 0
                 if self._keep(lease):
-                    if not self._stopping.is_set():
-                        self._report(lease, lost, troubled, started)
-                    return
+                    if self._stopping.is_set():
+                        return None
+                    self._report(lease, lost, troubled, started)
+                    return lease
             except UnknownResource:
                 pass  # the invalid resource was removed before it could be quarantined
             except NoResourceAvailable:
-                if due():
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise
+                if due() and not self._stopping.is_set():
                     log.info("%s: pool %r exhausted, waiting (%.0fs so far)", self.name, self._pool.name,
                              time.monotonic() - started)
             except UnknownPool:
@@ -150,6 +215,13 @@ class ResourceThread(threading.Thread):
                                 time.monotonic() - started)
                 self._stopping.wait(db.backoff(failures, base=0.1, cap=self.interval))
                 failures += 1
+        return None
+
+    def _wait(self, deadline: float | None) -> float:
+        """How long one acquire may wait: a fair waiter keeps its place in line for the
+        whole wait; others come back every `wait_step` to say they still wait."""
+        step = 86400.0 if self.fair else self.wait_step
+        return step if deadline is None else max(0.0, min(step, deadline - time.monotonic()))
 
     def _keep(self, lease: Lease) -> bool:
         """Publish a lease just acquired if it is valid (True); quarantine it if not (False).
@@ -158,19 +230,31 @@ class ResourceThread(threading.Thread):
             stopped = self._stopping.is_set()
             if not stopped:
                 self.lease = lease
+                if not self._named:
+                    self.name = f"{lease.pool}/{lease.name}"
         if stopped:
-            self._let_go(lease, self._poll)
+            self._let_go(lease, 1.0)
             return True
         reason = self._invalid()
         if reason is None:
             return True
-        lease._mark_lost()  # abandoned whatever happens to the quarantine
         log.warning("%s: %s/%s is not valid, quarantining it", self.name, lease.pool, lease.name)
-        self._pool.quarantine(lease.name, self.quarantine_for, reason=reason)
+        self._ban(lease, self.quarantine_for, reason)
         return False
 
+    def _ban(self, lease: Lease, seconds: float, reason: str) -> None:
+        """Quarantine what this holding holds; a holding already gone is left alone."""
+        try:
+            lease.quarantine(seconds, reason)
+        except LeaseLost as exc:
+            log.warning("%s: %s", self.name, exc)
+        except Error as exc:
+            lease._mark_lost()  # abandoned: it frees itself after its ttl
+            log.warning("%s: could not quarantine %s (%s); it frees itself within %gs",
+                        self.name, lease, db.one_line(exc), lease.ttl)
+
     def _report(self, lease: Lease, lost: Lease | None, troubled: bool, started: float) -> None:
-        """Say a resource is held; at the level of the trouble it follows, if any."""
+        """Say a resource is held, at the level of the trouble it follows, if any; tell on_acquired."""
         if lost is not None:
             gap = time.monotonic() - min(lost.deadline, started)
             log.warning("%s: holding %s/%s again (token %s), %.1fs after %s/%s ran out or was lost",
@@ -178,33 +262,72 @@ class ResourceThread(threading.Thread):
         else:
             log.log(logging.WARNING if troubled else logging.INFO, "%s: holding %s/%s (token %s)",
                     self.name, lease.pool, lease.name, lease.token)
+        self._tell(self.on_acquired, lease)
+
+    def _tell(self, hook, *leases: Lease) -> None:
+        """Call one of the on_* hooks; its failure is a log line, never the thread's end."""
+        try:
+            hook(*leases)
+        except Exception as exc:  # the user's hook must not end the heartbeat
+            log.warning("%s: %s raised %s", self.name, hook.__name__, db.one_line(exc))
 
     def run(self) -> None:
         try:
             while not self._stopping.is_set():
+                self._switch.clear()
                 lease = self.lease
-                keep_alive(lease, self.interval, self._stopping)
+                keep_alive(lease, self.interval, self._switch)
                 if self._stopping.is_set():
                     break
                 with self._swap:
-                    if self.lease is lease:  # lost, not replaced by fix(): take another
+                    if self.lease is lease and not self._switch.is_set():  # lost, not replaced: take another
                         log.warning("%s: lost %s/%s, acquiring again", self.name, lease.pool, lease.name)
+                        self._tell(self.on_lost, lease)
                         self._acquire(background=True, lost=lease)
         finally:
             connections.close_all()
 
-    def fix(self) -> bool:
-        """If the resource is invalid, release it and acquire another (blocking like
-        start()). True if replaced."""
+    def replace(self, quarantine: float | None = None, reason: str = "", cooldown: float | None = None,
+                of: Lease | None = None) -> Lease | None:
+        """Give up the current resource and take another at once (blocking like start()).
+
+        With `quarantine`, the resource is banned for that many seconds with `reason`,
+        only if this holding is still current (see `Lease.quarantine`); otherwise it is
+        released to rest `cooldown` seconds (default: the pool's). The new lease is
+        renewed `interval` after it was taken. With `of`, only if the current lease is
+        still that one (same id and token): a late verdict on a lease already replaced
+        leaves the new one alone. Returns the lease now held (None if terminate() came).
+        """
         with self._swap:
-            if self.lease is None or self._invalid() is None:
-                return False
-            self._let_go(self.lease, self.lease.remaining())
-            self._acquire(background=False)
-            return True
+            old = self.lease
+            if of is not None and not same_holding(old, of):
+                return old
+            if old is not None:
+                if quarantine is not None:
+                    log.warning("%s: quarantining %s/%s for %gs: %s", self.name, old.pool, old.name, quarantine,
+                                reason or "replaced")
+                    self._ban(old, quarantine, reason)
+                else:
+                    self._let_go(old, old.remaining(), cooldown)
+            new = self._acquire(background=False)
+            self._switch.set()  # the heartbeat leaves the old lease for the new one now
+        if old is not None and new is not None:
+            self._tell(self.on_replaced, old, new)
+        return new
+
+    def fix(self) -> bool:
+        """If the resource is invalid, quarantine it (`quarantine_for`) and acquire
+        another (blocking like start()). True if replaced."""
+        if self.lease is None:
+            return False
+        reason = self._invalid()
+        if reason is None:
+            return False
+        self.replace(quarantine=self.quarantine_for, reason=reason)
+        return True
 
     def terminate(self, timeout: float = 5.0) -> None:
-        """Stop heartbeating and release the resource.
+        """Stop heartbeating and release the resource; a wait for a free one ends too.
 
         Returns within about `timeout` seconds even while the database is down or hung: a
         lease it could not release in that time frees itself after `ttl`.
@@ -212,6 +335,7 @@ class ResourceThread(threading.Thread):
         deadline = time.monotonic() + timeout
         with self._publish:
             self._stopping.set()
+            self._switch.set()
             lease = self.lease
         # Release first: it needs only the lease's lock, which a healthy heartbeat holds
         # for milliseconds; a renewal stuck in the database makes it time out and say so.
@@ -220,10 +344,10 @@ class ResourceThread(threading.Thread):
         if self.is_alive() and threading.current_thread() is not self:
             self.join(max(0.0, deadline - time.monotonic()))
 
-    def _let_go(self, lease: Lease, seconds: float) -> None:
+    def _let_go(self, lease: Lease, seconds: float, cooldown: float | None = None) -> None:
         """Release `lease` within `seconds`; failing is only a warning, as it frees itself."""
         try:
-            release_within(lease, seconds)
+            release_within(lease, seconds, cooldown)
         except (Error, TimeoutError) as exc:
             log.warning("%s: could not release %s (%s); it frees itself within %gs",
                         self.name, lease, exc, lease.ttl)

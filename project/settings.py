@@ -7,6 +7,8 @@ from pathlib import Path
 
 import environ
 
+from leases.setup import database_settings
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 env = environ.Env(
@@ -62,31 +64,13 @@ WSGI_APPLICATION = "project.wsgi.application"
 
 
 def _database(url: str) -> dict:
-    """Parse DATABASE_URL and add what many processes sharing one database need."""
-    db = environ.Env.db_url_config(url)
-    engine = db["ENGINE"]
-    if engine.endswith("sqlite3"):
-        name = Path(db["NAME"])
-        if not name.is_absolute() and str(name) != ":memory:":
-            name = BASE_DIR / name
-        db["NAME"] = str(name)
-        # A file, not memory, so that test processes share the test database.
-        db["TEST"] = {"NAME": str(name.with_name("test_" + name.name))}
-        # WAL lets readers run beside the one writer; a long busy timeout rides out bursts.
-        db.setdefault("OPTIONS", {}).update(
-            timeout=30,
-            init_command="PRAGMA journal_mode=WAL;PRAGMA synchronous=NORMAL",
-        )
-    elif engine.endswith("mysql"):
-        options = db.setdefault("OPTIONS", {})
-        options.setdefault("charset", "utf8mb4")
-        # A server that stalls or vanishes must surface as an error the engine retries,
-        # not hang a worker or a heartbeat forever; lock waits end well before that.
-        options.setdefault("connect_timeout", 5)
-        options.setdefault("read_timeout", 30)
-        options.setdefault("write_timeout", 30)
-        options.setdefault("init_command", "SET SESSION innodb_lock_wait_timeout = 10")
-        db["TEST"] = {"CHARSET": "utf8mb4", "COLLATION": "utf8mb4_unicode_ci"}
+    """DATABASE_URL with what many processes sharing one database need (see
+    leases.setup.database_settings); a relative SQLite file lives in the checkout."""
+    db = database_settings(url)
+    name = Path(db["NAME"])
+    if db["ENGINE"].endswith("sqlite3") and not name.is_absolute() and str(name) != ":memory:":
+        db["NAME"] = str(BASE_DIR / name)
+        db["TEST"] = {"NAME": str((BASE_DIR / name).with_name("test_" + name.name))}
     return db
 
 

@@ -8,7 +8,6 @@ through the proxy.
 """
 from __future__ import annotations
 
-import copy
 import os
 import signal
 import time
@@ -16,7 +15,6 @@ from collections import Counter
 
 import pytest
 from django.db import OperationalError, connection, connections
-from django.db.utils import load_backend
 
 import tests.jobs  # noqa: F401 - registers noop
 from leases import db
@@ -38,28 +36,6 @@ COMMIT = r"^\s*COMMIT\b"
 def mariadb_only():
     if connection.vendor != "mysql":
         pytest.skip("the fault-injection proxy speaks the MySQL protocol")
-
-
-@pytest.fixture
-def proxy():
-    from tests.faults.faultproxy import FaultProxy
-
-    settings = connection.settings_dict
-    with FaultProxy(upstream=(settings["HOST"] or "127.0.0.1", int(settings["PORT"] or 3306))) as running:
-        yield running
-
-
-@pytest.fixture
-def proxied(proxy):
-    """The alias "proxied": this test database through the proxy, for this thread only (a
-    connection the test framework does not know is not fenced off by it)."""
-    conf = copy.deepcopy(connections["default"].settings_dict)
-    conf.update(HOST="127.0.0.1", PORT=proxy.port)
-    conf["OPTIONS"].update(read_timeout=3, connect_timeout=2)
-    connections["proxied"] = load_backend(conf["ENGINE"]).DatabaseWrapper(conf, alias="proxied")
-    yield "proxied"
-    connections["proxied"].close()
-    del connections["proxied"]
 
 
 @pytest.fixture

@@ -37,19 +37,6 @@ def pool():
 
 
 @pytest.fixture
-def proxy():
-    from tests.faults.faultproxy import FaultProxy
-
-    s = connection.settings_dict
-    p = FaultProxy(upstream=(s["HOST"] or "127.0.0.1", int(s["PORT"] or 3306)), listen=("127.0.0.1", 0))
-    p.start()
-    try:
-        yield p
-    finally:
-        p.stop()
-
-
-@pytest.fixture
 def through(proxy, child_env):
     """child_env with DATABASE_URL naming the test database behind the proxy."""
     s = connection.settings_dict
@@ -287,3 +274,15 @@ def test_every_subcommand_exits_75_with_one_line_while_refused(pool, proxy, thro
         assert err.startswith(UNAVAILABLE) and err.count("\n") == 1, (args, err)
     proxy.allow()
     assert rows() == before
+
+
+# -- a ban whose reply is lost ------------------------------------------------------------
+
+
+def test_a_quarantine_whose_reply_was_lost_is_found_done(pool, proxy, proxied):
+    lease = Pool(POOL, using=proxied).acquire(ttl=30)
+    rule = proxy.drop_reply(r"^UPDATE \S+ SET busy_before = .* quarantine_reason = ", count=1)
+    lease.quarantine(60, "ban: HTTP 403")  # resent after the lost reply: the row says it was done
+    assert rule.dropped == 1
+    banned = Resource.objects.get(pool=POOL, name=lease.name)
+    assert (banned.quarantine_reason, banned.token, banned.holder) == ("ban: HTTP 403", lease.token + 1, "")

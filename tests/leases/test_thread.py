@@ -10,6 +10,7 @@ import pytest
 from django.db import OperationalError
 
 from leases import LeaseLost, Pool, ResourceThread, UnknownPool, db
+from leases.lease import Lease
 from leases.models import Resource
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -202,15 +203,16 @@ def test_start_during_an_outage_blocks_says_so_now_and_then_holds(accounts, craw
     outage.on = True
     threading.Timer(1.0, lambda: setattr(outage, "on", False)).start()
     thread = crawler()
-    thread._poll = 0.1  # many failed attempts, few log lines
-    thread.wait_step = 0.6
+    thread.wait_step = 0.6  # many failed attempts, few log lines
     started = time.monotonic()
     thread.start()
     assert time.monotonic() - started >= 1.0
     assert thread.is_alive() and thread.lease.remaining() > 0
     said = messages(caplog, "database unreachable")
     assert 1 <= len(said) <= 2 < outage.calls
-    assert said[0].startswith(f"{thread.name}: database unreachable ((2003, ") and "retrying" in said[0]
+    # Said by the thread, named after its pool until it holds a resource:
+    assert said[0].startswith("accounts: database unreachable ((2003, ") and "retrying" in said[0]
+    assert thread.name == f"accounts/{thread.lease.name}"
     assert messages(caplog, f"holding accounts/{thread.lease.name} (token")
 
 
@@ -292,14 +294,14 @@ def test_start_raises_what_waiting_cannot_cure(crawler):
 def test_an_invalid_resource_removed_before_its_quarantine_is_skipped(accounts, crawler, monkeypatch):
     monkeypatch.setattr(Crawler, "bad", {"broken"})
     accounts.quarantine("good", 0.5)  # so the thread meets "broken" first
-    quarantine = Pool.quarantine
+    quarantine = Lease.quarantine
 
-    def removed_first(pool, name, *args, **kwargs):
-        if name == "broken":
-            pool.remove(name)  # an operator was quicker
-        return quarantine(pool, name, *args, **kwargs)
+    def removed_first(lease, *args, **kwargs):
+        if lease.name == "broken":
+            Pool(lease.pool).remove(lease.name)  # an operator was quicker
+        return quarantine(lease, *args, **kwargs)
 
-    monkeypatch.setattr(Pool, "quarantine", removed_first)
+    monkeypatch.setattr(Lease, "quarantine", removed_first)
     thread = crawler()
     thread.start()
     assert thread.lease.name == "good" and thread.is_alive()

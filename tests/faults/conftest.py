@@ -1,0 +1,33 @@
+"""The fault-injection proxy between the tests and MariaDB, and the "proxied" alias."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+from django.db import connection, connections
+from django.db.utils import load_backend
+
+from tests.faults.faultproxy import FaultProxy
+
+
+@pytest.fixture
+def proxy():
+    """A proxy in front of the test database's server (it relays the MySQL protocol)."""
+    if connection.vendor != "mysql":
+        pytest.skip("the fault-injection proxy speaks the MySQL protocol")
+    settings = connection.settings_dict
+    with FaultProxy(upstream=(settings["HOST"] or "127.0.0.1", int(settings["PORT"] or 3306))) as running:
+        yield running
+
+
+@pytest.fixture
+def proxied(proxy):
+    """The alias "proxied": this test database through the proxy, for this thread only (a
+    connection the test framework does not know is not fenced off by it)."""
+    conf = copy.deepcopy(connections["default"].settings_dict)
+    conf.update(HOST="127.0.0.1", PORT=proxy.port)
+    conf["OPTIONS"].update(read_timeout=3, connect_timeout=2)
+    connections["proxied"] = load_backend(conf["ENGINE"]).DatabaseWrapper(conf, alias="proxied")
+    yield "proxied"
+    connections["proxied"].close()
+    del connections["proxied"]
