@@ -132,18 +132,20 @@ class AsyncHolder:
         """Give up the current lease and take another at once (see ResourceThread.replace):
         quarantined for `quarantine` seconds with `reason`, else released to rest `cooldown`
         seconds. With `of`, only if the current lease is still that holding; calls for
-        one holding share one replacement, and later ones get the lease now held."""
+        one holding share one replacement, and later ones get the lease now held.
+        NoResourceAvailable if none is held within the holder's `wait`; the holder goes
+        on seeking one, as after a loss."""
         self._bind()
         current = self.lease
         if current is None:
             return await self.acquire()
         if of is not None and not same_holding(current, of):
-            return await self.wait_held()
+            return await self.wait_held(self.wait)
         if self._replacing is not None and same_holding(self._replacing[0], current):
             future = self._replacing[1]
         else:
             self._held.clear()
-            future = self._off_loop(self._engine.replace, quarantine, reason, cooldown, current)
+            future = self._off_loop(self._engine.replace, quarantine, reason, cooldown, current, self.wait)
             self._replacing = (current, future)
         try:
             await asyncio.shield(future)

@@ -8,6 +8,7 @@ the options that many processes sharing one database need.
 """
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -74,12 +75,15 @@ def _shown(url: str) -> str:
 def configure(database_url: str, **settings: Any) -> None:
     """Set Django up for this process with the leases app and `database_url` as its
     database; `settings` are added (INSTALLED_APPS to add `leases.tasks`, LOGGING, any
-    LEASES_* setting). Nothing happens when Django is configured already: a process
-    that is a Django project keeps its own settings."""
+    LEASES_* setting). A process that is a Django project (its settings configured, or
+    named by DJANGO_SETTINGS_MODULE) keeps its own settings: they are only loaded."""
     import django
+    from django.apps import apps
     from django.conf import settings as django_settings
 
-    if django_settings.configured:
+    if django_settings.configured or os.environ.get("DJANGO_SETTINGS_MODULE"):
+        if not apps.ready:
+            django.setup()
         return
     django_settings.configure(**{
         "DATABASES": {"default": database_settings(database_url)},

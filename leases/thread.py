@@ -164,9 +164,8 @@ class ResourceThread(threading.Thread):
         in the log at most every `wait_step` seconds; invalid resources are quarantined.
         In the background nothing ends the search but terminate(): an emptied pool or a
         database error that is no outage is logged and tried again, since a dead thread
-        would leave the worker without a resource for good. `lost` is the lease this one
-        replaces, for the log line that says when a resource is held again.
-        """
+        would leave the worker without a resource for good. `lost`: the lease this one
+        replaces, for the log line."""
         started = time.monotonic()
         said = -math.inf
         failures = 0
@@ -193,7 +192,8 @@ class ResourceThread(threading.Thread):
                 pass  # the invalid resource was removed before it could be quarantined
             except NoResourceAvailable:
                 if deadline is not None and time.monotonic() >= deadline:
-                    raise
+                    raise NoResourceAvailable(f"no free resource in pool {self._pool.name!r} within "
+                                              f"{time.monotonic() - started:.1f}s") from None
                 if due() and not self._stopping.is_set():
                     log.info("%s: pool %r exhausted, waiting (%.0fs so far)", self.name, self._pool.name,
                              time.monotonic() - started)
@@ -288,7 +288,7 @@ class ResourceThread(threading.Thread):
             connections.close_all()
 
     def replace(self, quarantine: float | None = None, reason: str = "", cooldown: float | None = None,
-                of: Lease | None = None) -> Lease | None:
+                of: Lease | None = None, wait: float | None = None) -> Lease | None:
         """Give up the current resource and take another at once (blocking like start()).
 
         With `quarantine`, the resource is banned for that many seconds with `reason`,
@@ -296,8 +296,11 @@ class ResourceThread(threading.Thread):
         released to rest `cooldown` seconds (default: the pool's). The new lease is
         renewed `interval` after it was taken. With `of`, only if the current lease is
         still that one (same id and token): a late verdict on a lease already replaced
-        leaves the new one alone. Returns the lease now held (None if terminate() came).
+        leaves the new one alone. With `wait`, NoResourceAvailable if no other is held
+        within that many seconds (the thread goes on seeking one, as after a loss).
+        Returns the lease now held (None if terminate() came).
         """
+        deadline = None if wait is None else time.monotonic() + wait
         with self._swap:
             old = self.lease
             if of is not None and not same_holding(old, of):
@@ -309,8 +312,10 @@ class ResourceThread(threading.Thread):
                     self._ban(old, quarantine, reason)
                 else:
                     self._let_go(old, old.remaining(), cooldown)
-            new = self._acquire(background=False)
-            self._switch.set()  # the heartbeat leaves the old lease for the new one now
+            try:
+                new = self._acquire(background=False, deadline=deadline)
+            finally:
+                self._switch.set()  # the heartbeat leaves the old lease: for the new one, or to seek one
         if old is not None and new is not None:
             self._tell(self.on_replaced, old, new)
         return new

@@ -124,3 +124,20 @@ def test_closing_a_holder_never_used_is_a_no_op(proxies):
         await holder.aclose()
 
     run(crawl())
+
+
+def test_a_replacement_that_finds_nothing_within_the_wait_says_so_and_seeks_on(proxies):
+    async def crawl():
+        async with AsyncHolder("proxies", ttl=2, interval=0.3, wait=0.5) as holder:
+            first = holder.lease
+            other = await asyncio.to_thread(proxies.acquire, ttl=30)  # the only other proxy
+            started = time.monotonic()
+            with pytest.raises(NoResourceAvailable, match=r"within 0\.\ds"):
+                await holder.replace(quarantine=60, reason="ban: 403", of=first)
+            waited = time.monotonic() - started
+            assert not holder.held
+            await asyncio.to_thread(other.release)
+            return first, await holder.wait_held(5), waited
+
+    first, second, waited = run(crawl())
+    assert waited < 2 and second.name != first.name

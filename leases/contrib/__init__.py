@@ -1,0 +1,1 @@
+"""Integrations of django-leases with other frameworks; each needs its optional extra."""

@@ -1,0 +1,331 @@
+"""The Scrapy middleware with real Scrapy: spider processes on proxies leased from a pool.
+
+The proxies are the witnesses. Each logs every request with its time, the spider's pid
+(X-Spider) and the lease token (X-Lease), so the tests judge what the spiders did from
+the outside: no two spiders on one proxy at once, a killed spider's proxy passed on
+within its ttl, a ban quarantining only the holding it was seen through.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("scrapy")
+
+# After the skip: everything below needs Scrapy.
+from django.db import connections
+from django.utils import timezone
+from scrapy.exceptions import IgnoreRequest, NotConfigured
+from scrapy.http import HtmlResponse, Request
+from scrapy.settings import Settings
+from scrapy.utils.test import get_crawler
+from twisted.internet import error
+
+from leases import Pool
+from leases.contrib.scrapy import BanPolicy, Config, LeasesMiddleware, proxy_url
+from leases.models import Resource, Waiter
+from tests.conftest import ROOT, database_url, wait_for
+from tests.crawl.servers import Proxy, Site, read_log
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+#: Short, so that a killed spider's proxy comes free within the test's time.
+TTL = 3
+PASSWORD = "s3cret:@/ key"  # needs quoting in a URL's userinfo
+
+
+class Crawl:
+    """A site, proxies leased from a pool, and spider processes crawling through them."""
+
+    def __init__(self, tmp: Path, pool: str, pages: int = 1000, delay: float = 0.05) -> None:
+        self.tmp, self.pool = tmp, pool
+        self.site = Site(pages, delay).start()
+        self.proxies: list[Proxy] = []
+        self.spiders: list[subprocess.Popen] = []
+
+    def add_proxies(self, count: int, ban_every: int = 0) -> None:
+        """`count` proxies, resources `proxy-0`... of the pool; the first bans if `ban_every`."""
+        for i in range(count):
+            proxy = Proxy(f"proxy-{i}", self.tmp / f"proxy-{i}.jsonl", ban_every if i == 0 else 0,
+                          user=f"user-{i}", password=PASSWORD).start()
+            self.proxies.append(proxy)
+            data = {"url": proxy.url, "username": f"user-{i}", "password": PASSWORD}
+            Pool(self.pool).add(proxy.name, data=data)
+
+    def start(self, pages: int, **settings: object) -> subprocess.Popen:
+        """A spider process that knows only the database's URL (no Django project)."""
+        n = len(self.spiders)
+        options = {"LEASES_TTL": TTL, "LEASES_WAIT": 50, "LEASES_FAIR": True, "LEASES_QUARANTINE": 600,
+                   **settings}
+        argv = [sys.executable, "-m", "tests.crawl.spider", "--database-url", database_url(),
+                "--pool", self.pool, "--start", f"{self.site.url}/page/0", "--pages", str(pages),
+                "--stats", str(self.tmp / f"stats-{n}.json")]
+        for key, value in options.items():
+            argv += ["-s", f"{key}={value}"]
+        env = {k: v for k, v in os.environ.items() if k not in ("DJANGO_SETTINGS_MODULE", "DATABASE_URL")}
+        env.update(PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")])),
+                   PYTHONUNBUFFERED="1")
+        err = open(self.tmp / f"spider-{n}.log", "w+")  # a file: a full pipe would stall the spider
+        proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=err)
+        proc.number, proc.err = n, err
+        self.spiders.append(proc)
+        return proc
+
+    def log(self, proc: subprocess.Popen) -> str:
+        return (self.tmp / f"spider-{proc.number}.log").read_text()
+
+    def stats(self, proc: subprocess.Popen) -> dict:
+        return json.loads((self.tmp / f"stats-{proc.number}.json").read_text())
+
+    def requests(self) -> list[dict]:
+        return [entry for proxy in self.proxies for entry in read_log(proxy.log)]
+
+    def finish(self, proc: subprocess.Popen, timeout: float = 50) -> dict:
+        """Wait for a spider to end well; its stats."""
+        try:
+            code = proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"spider {proc.pid} still running after {timeout}s:\n{self.log(proc)[-3000:]}")
+        assert code == 0, self.log(proc)[-3000:]
+        return self.stats(proc)
+
+    def close(self) -> None:
+        for proc in self.spiders:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+            proc.err.close()
+        for server in (self.site, *self.proxies):
+            server.stop()
+
+
+@pytest.fixture
+def crawl(tmp_path):
+    c = Crawl(tmp_path, "crawl-proxies")
+    yield c
+    c.close()
+
+
+def token_of(entry: dict) -> int:
+    """The token of an X-Lease header, `<pool>/<name> <token>`."""
+    return int(entry["token"].rsplit(" ", 1)[1])
+
+
+def holdings(entries: list[dict]) -> list[dict]:
+    """One proxy's requests by lease token, in the order the holdings began: the token,
+    the spider, and when its first request began and its last one ended."""
+    by_token: dict[int, dict] = {}
+    for e in entries:
+        h = by_token.setdefault(token_of(e), {"token": token_of(e), "spiders": set(), "start": e["start"],
+                                              "end": e["end"]})
+        h["spiders"].add(e["spider"])
+        h["start"], h["end"] = min(h["start"], e["start"]), max(h["end"], e["end"])
+    return sorted(by_token.values(), key=lambda h: h["start"])
+
+
+def assert_one_spider_at_a_time(entries: list[dict]) -> None:
+    """On each proxy: every request came through a lease on that proxy's resource, a token
+    is one spider's, tokens only grow, and a holding's requests all ended before the next
+    holding's first began."""
+    for name in sorted({e["proxy"] for e in entries}):
+        mine = [e for e in entries if e["proxy"] == name]
+        assert {e["token"].rsplit(" ", 1)[0] for e in mine} == {f"crawl-proxies/{name}"}
+        held = holdings(mine)
+        for h in held:
+            assert len(h["spiders"]) == 1, f"{name}: token {h['token']} used by spiders {h['spiders']}"
+        assert [h["token"] for h in held] == sorted(h["token"] for h in held), f"{name}: tokens went back"
+        for before, after in zip(held, held[1:]):
+            assert before["end"] <= after["start"], (
+                f"{name}: token {before['token']} (spider {before['spiders']}) still in use "
+                f"{before['end'] - after['start']:.3f}s after token {after['token']} began")
+
+
+def test_six_spiders_share_four_proxies_through_a_ban_and_a_kill(crawl):
+    crawl.add_proxies(4, ban_every=10)
+    spiders = [crawl.start(pages=300) for _ in range(6)]
+    # Every spider is after a proxy, and one not on the banning proxy is well into its crawl.
+    wait_for(lambda: all("leases: waiting up to" in crawl.log(s) for s in spiders), 40, "six spiders asking")
+
+    def busy_victim():
+        entries = crawl.requests()
+        banned_side = {e["spider"] for e in entries if e["proxy"] == "proxy-0"}
+        for s in spiders:
+            mine = [e for e in entries if e["spider"] == str(s.pid)]
+            if len(mine) >= 20 and str(s.pid) not in banned_side:
+                return s, mine[-1]["proxy"], token_of(mine[-1])
+        return None
+
+    victim, victims_proxy, victims_token = wait_for(busy_victim, 40, "a spider 20 requests into its crawl")
+    victim.kill()
+    killed_at = time.time()
+    victim.wait(5)
+
+    stats = [crawl.finish(s) for s in spiders if s is not victim]
+    entries = crawl.requests()
+    assert {e["status"] for e in entries} <= {200, 403}
+    assert all(e["user"] == e["proxy"].replace("proxy", "user") for e in entries)  # Proxy-Authorization
+    assert_one_spider_at_a_time(entries)
+
+    # The killed spider's proxy passed to another spider within its ttl (and a second).
+    after = [e for e in entries if e["proxy"] == victims_proxy and e["start"] > killed_at
+             and token_of(e) != victims_token]
+    assert after, f"{victims_proxy} was never used again after the kill"
+    assert min(e["start"] for e in after) - killed_at <= TTL + 1
+    assert min(token_of(e) for e in after) > victims_token
+
+    # The ban quarantined the banning proxy, and only it.
+    rows = {r.name: r for r in Resource.objects.filter(pool=crawl.pool)}
+    assert rows["proxy-0"].quarantined_until > timezone.now()
+    assert rows["proxy-0"].quarantine_reason.startswith("ban: 403 http://127.0.0.1:")
+    assert [n for n, r in rows.items() if r.quarantined_until and n != "proxy-0"] == []
+    assert sum(s.get("leases/bans", 0) for s in stats) >= 1
+    assert [s["finish_reason"] for s in stats] == ["finished"] * 5
+    assert sum(s["leases/requests"] for s in stats) >= 5 * 300
+    wait_for(lambda: Pool(crawl.pool).stats()["held"] == 0, TTL + 2, "every proxy released")
+
+
+def test_a_spider_waiting_for_a_proxy_stops_within_a_second_of_sigterm_or_gives_up(crawl):
+    crawl.add_proxies(1)
+    holder = crawl.start(pages=100_000)
+    wait_for(lambda: len(crawl.requests()) >= 5, 40, "the first spider crawling")
+    waiting = crawl.start(pages=100)
+    wait_for(lambda: Waiter.objects.filter(pool=crawl.pool).exists(), 40, "the second spider in line")
+
+    sent = time.monotonic()
+    waiting.send_signal(signal.SIGTERM)
+    stats = crawl.finish(waiting, timeout=10)
+    assert time.monotonic() - sent < 1.0, crawl.log(waiting)[-2000:]
+    assert stats["finish_reason"] == "shutdown"
+    assert str(waiting.pid) not in {e["spider"] for e in crawl.requests()}
+    assert "Traceback" not in crawl.log(waiting)
+
+    # One that may wait a second only gives up, and says why.
+    impatient = crawl.start(pages=100, LEASES_WAIT=1)
+    stats = crawl.finish(impatient, timeout=30)
+    assert stats["finish_reason"] == "leases_no_resource"
+    assert crawl.log(impatient).count("leases: giving up on pool 'crawl-proxies'") == 1
+    assert "Traceback" not in crawl.log(impatient)
+
+    holder.send_signal(signal.SIGTERM)
+    stats = crawl.finish(holder, timeout=10)
+    assert stats["finish_reason"] == "shutdown"
+    assert Pool(crawl.pool).stats()["held"] == 0  # released on the way out, not left to expire
+    assert "Traceback" not in crawl.log(holder)
+
+
+def test_rotation_lets_the_requests_on_the_old_holding_finish_first(crawl):
+    crawl.add_proxies(1)
+    spider = crawl.start(pages=80, LEASES_ROTATE_REQUESTS=10, CONCURRENT_REQUESTS=8)
+    stats = crawl.finish(spider)
+    entries = crawl.requests()
+    assert_one_spider_at_a_time(entries)  # one proxy, re-leased at each rotation: a new token
+    assert len({token_of(e) for e in entries}) >= 6
+    assert stats["leases/rotations"] >= 6
+    assert stats["finish_reason"] == "finished"
+
+
+# -- the middleware driven directly, on an asyncio loop of the test's own ----------------
+
+
+def middleware(pool: str, **settings: object) -> LeasesMiddleware:
+    crawler = get_crawler(settings_dict={"LEASES_POOL": pool, "LEASES_TTL": 5, "LEASES_WAIT": 1, **settings})
+    return LeasesMiddleware.from_crawler(crawler)
+
+
+def banned(request: Request) -> HtmlResponse:
+    return HtmlResponse(request.url, status=403, body=b"banned", request=request)
+
+
+def test_a_ban_seen_through_an_older_holding_quarantines_nothing():
+    for name in ("a", "b"):
+        Pool("unit").add(name, data={"url": f"http://127.0.0.1:9/{name}"})
+    mw = middleware("unit")
+
+    async def scenario():
+        old = Request("http://example.com/1")
+        await mw.process_request(old)
+        await mw.holder.replace(of=mw.holder.lease)  # a rotation: the first holding is over
+        new = Request("http://example.com/2")
+        await mw.process_request(new)
+        retry = await mw.process_response(old, banned(old))
+        await mw.close()
+        return old, new, retry
+
+    old, new, retry = asyncio.run(scenario())
+    assert (new.meta["leases"]["name"], new.meta["leases"]["token"]) != (old.meta["leases"]["name"],
+                                                                         old.meta["leases"]["token"])
+    assert mw.crawler.stats.get_value("leases/bans_ignored") == 1
+    assert mw.crawler.stats.get_value("leases/bans") is None
+    assert not Resource.objects.filter(pool="unit", quarantined_until__isnull=False).exists()
+    # The request is still retried, on whatever resource is current then.
+    assert retry.url == old.url and retry.dont_filter and retry.meta["leases_ban_retries"] == 1
+    assert "leases" not in retry.meta and "proxy" not in retry.meta
+
+
+def test_a_ban_quarantines_the_current_holding_and_retries_until_it_gives_up():
+    for name in ("a", "b"):
+        Pool("unit").add(name, data={"url": f"http://127.0.0.1:9/{name}"})
+    mw = middleware("unit", LEASES_BAN_RETRIES=1, LEASES_QUARANTINE=300)
+
+    def quarantined() -> int:  # on a thread of asyncio's, whose connection it closes
+        try:
+            return Resource.objects.filter(pool="unit", quarantined_until__isnull=False).count()
+        finally:
+            connections.close_all()
+
+    async def scenario():
+        first = Request("http://example.com/1")
+        await mw.process_request(first)
+        retry = await mw.process_response(first, banned(first))
+        await mw.process_request(retry)  # waits for the first quarantine and the next resource
+        assert retry.meta["leases"]["name"] != first.meta["leases"]["name"]
+        try:
+            with pytest.raises(IgnoreRequest, match="banned 2 times"):  # a dead proxy counts as banned
+                await mw.process_exception(retry, error.ConnectionRefusedError())
+            while await asyncio.to_thread(quarantined) < 2:  # the second is given up in the background
+                await asyncio.sleep(0.05)
+        finally:
+            await mw.close()
+
+    asyncio.run(asyncio.wait_for(scenario(), 20))
+    rows = Resource.objects.filter(pool="unit")
+    assert all(r.quarantined_until > timezone.now() for r in rows)
+    assert sorted(r.quarantine_reason for r in rows) == ["ban: 403 http://example.com/1",
+                                                         "ban: ConnectionRefusedError http://example.com/1"]
+    assert mw.crawler.stats.get_value("leases/bans") == 2
+    assert mw.crawler.stats.get_value("leases/bans_gave_up") == 1
+
+
+@pytest.mark.django_db(transaction=False)
+def test_settings_and_proxy_urls():
+    with pytest.raises(NotConfigured):
+        Config.from_settings(Settings({}))
+    config = Config.from_settings(Settings({"LEASES_POOL": "p", "LEASES_TTL": "7", "LEASES_FAIR": "True"}))
+    assert (config.pool, config.ttl, config.fair, config.wait) == ("p", 7.0, True, 300)
+    assert (config.quarantine, config.ban_retries, config.rotate_requests) == (1800, 5, 0)
+
+    class Lease:
+        pool, name = "p", "x"
+
+    assert proxy_url("http://10.0.0.1:3128", Lease) == "http://10.0.0.1:3128"
+    assert proxy_url({"url": "http://10.0.0.1:3128"}, Lease) == "http://10.0.0.1:3128"
+    assert (proxy_url({"url": "http://old@10.0.0.1:3128", "username": "me", "password": PASSWORD}, Lease)
+            == "http://me:s3cret%3A%40%2F%20key@10.0.0.1:3128")
+    with pytest.raises(ValueError, match="p/x has no 'url'"):
+        proxy_url({"host": "10.0.0.1"}, Lease)
+
+    policy, request = BanPolicy(), Request("http://example.com/")
+    statuses = (403, 429, 404, 200)
+    assert [policy.response_is_ban(request, HtmlResponse(request.url, status=s)) for s in statuses] \
+        == [True, True, False, False]
+    assert policy.exception_is_ban(request, error.ConnectionRefusedError())
+    assert policy.exception_is_ban(request, error.TCPTimedOutError())
+    assert not policy.exception_is_ban(request, error.TimeoutError())  # a slow site: no verdict on the proxy
