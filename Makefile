@@ -1,10 +1,12 @@
 # Two commands a newcomer needs: `make demo` and `make test`.
 # DATABASE_URL picks the database (default: SQLite file in the checkout); a mysql:// URL
-# also installs the MySQL driver (mysqlclient, which compiles against the client headers).
+# also installs the MySQL driver (mysqlclient, which compiles against the client headers),
+# a postgres:// URL the PostgreSQL driver (psycopg 3, binary wheels).
 VENV   ?= .venv
 PYTHON ?= python3
 PY     := $(VENV)/bin/python
 USES_MYSQL := $(findstring mysql,$(firstword $(subst :, ,$(DATABASE_URL))))
+USES_POSTGRES := $(findstring postgres,$(firstword $(subst :, ,$(DATABASE_URL))))
 
 .PHONY: venv demo test docs bench bench-queue bench-pipelines bench-capacity soak clean galera-up galera-down test-galera
 
@@ -19,7 +21,11 @@ $(VENV)/.mysql: $(VENV)/.installed requirements-mysql.txt
 	$(PY) -m pip install -q -r requirements-mysql.txt
 	touch $@
 
-venv: $(VENV)/.installed $(if $(USES_MYSQL),$(VENV)/.mysql)
+$(VENV)/.postgres: $(VENV)/.installed requirements-postgres.txt
+	$(PY) -m pip install -q -r requirements-postgres.txt
+	touch $@
+
+venv: $(VENV)/.installed $(if $(USES_MYSQL),$(VENV)/.mysql) $(if $(USES_POSTGRES),$(VENV)/.postgres)
 
 demo: venv
 	$(PY) -m project.createdb

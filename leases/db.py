@@ -45,6 +45,19 @@ _RECONNECT_CODES = {2006, 2013, 2055, 4031, 1927, 1053, 1047}
 # No connection could be made: refused, no socket, unknown host, too many connections.
 _UNREACHABLE_CODES = {2002, 2003, 2005, 1040}
 
+# PostgreSQL's SQLSTATEs (the driver's error's `sqlstate`), in the same three kinds:
+# serialization failure, deadlock, lock timeout; the server ended the session (an
+# administrator, a crash, a failover) or the link broke; the server refused a new
+# connection (starting up, too many connections, could not connect).
+_PG_RETRY = {"40001", "40P01", "55P03"}
+_PG_RECONNECT = {"57P01", "57P02", "08000", "08003", "08006", "08007"}
+_PG_UNREACHABLE = {"57P03", "53300", "08001", "08004"}
+#: Words of psycopg's connection errors, which carry no SQLSTATE: the server is away, or
+#: it answered and refused us (a wrong role, password or database: waiting cannot cure it).
+_PG_REFUSED = ("connection failed", "connection refused", "could not connect", "timeout expired",
+               "could not translate host name", "no such file or directory")
+_PG_DENIED = ("does not exist", "authentication failed", "no pg_hba.conf entry", "permission denied")
+
 
 @dataclass(frozen=True)
 class Dialect:
@@ -66,6 +79,9 @@ class Dialect:
     #: Whole steps of %s seconds from a moment (the first %s) to `{col}`, for columns at or
     #: after that moment (so truncating toward zero is the floor): a time axis's bars.
     steps: str
+    #: Ends an INSERT whose new id is read back: PostgreSQL returns it as a row, the
+    #: others through the cursor's lastrowid.
+    returning: str = ""
 
 
 _MYSQL = Dialect(
@@ -97,7 +113,26 @@ _SQLITE = Dialect(
     steps="CAST((julianday({col}) - julianday(%s)) * 86400 / %s AS INTEGER)",
 )
 
-DIALECTS = {"mysql": _MYSQL, "sqlite": _SQLITE}
+_POSTGRES = Dialect(
+    vendor="postgresql",
+    # now() is the transaction's start, frozen for its whole life: a long transaction
+    # would hand out a lease that expired meanwhile. statement_timestamp() is read afresh
+    # for each statement and, like MySQL's clock, is one moment for all its rows
+    # (clock_timestamp() would stamp each row of one UPDATE differently).
+    now="statement_timestamp()",
+    later="(statement_timestamp() + %s * INTERVAL '1 microsecond')",
+    random="random()",
+    seconds=lambda s: int(round(s * 1_000_000)),
+    conflict_target=True,
+    upsert="ON CONFLICT ({keys}) DO UPDATE SET",
+    new="EXCLUDED.{col}",
+    # timestamptz columns: an aware datetime is compared as the instant it is.
+    stored_datetime=lambda dt: dt.astimezone(timezone.utc),
+    steps="FLOOR(EXTRACT(EPOCH FROM ({col} - %s)) / %s)",
+    returning=" RETURNING id",
+)
+
+DIALECTS = {"mysql": _MYSQL, "sqlite": _SQLITE, "postgresql": _POSTGRES}
 
 
 def alias(using: str | None = None) -> str:
@@ -110,7 +145,7 @@ def dialect(connection: BaseDatabaseWrapper) -> Dialect:
         return DIALECTS[connection.vendor]
     except KeyError:
         raise NotImplementedError(
-            f"django-leases supports MySQL/MariaDB and SQLite, not {connection.vendor!r}"
+            f"django-leases supports MySQL/MariaDB, PostgreSQL and SQLite, not {connection.vendor!r}"
         ) from None
 
 
@@ -137,6 +172,9 @@ def _kind(exc: BaseException) -> str | None:
     """retry (same connection), reconnect (it died mid-statement), unreachable, or None."""
     if not isinstance(exc, (OperationalError, InterfaceError)):
         return None
+    sqlstate = getattr(exc.__cause__, "sqlstate", False)
+    if sqlstate is not False:  # psycopg's error, which Django's wraps
+        return _pg_kind(exc, sqlstate)
     code = exc.args[0] if exc.args else None
     if code in _RETRY_CODES:
         return "retry"
@@ -151,11 +189,28 @@ def _kind(exc: BaseException) -> str | None:
     return None
 
 
+def _pg_kind(exc: BaseException, sqlstate: str | None) -> str | None:
+    if sqlstate in _PG_RETRY:
+        return "retry"
+    if sqlstate in _PG_RECONNECT:
+        return "reconnect"
+    if sqlstate in _PG_UNREACHABLE:
+        return "unreachable"
+    if sqlstate is None:  # a connection error: refused, or a link that broke under a statement
+        text = str(exc).lower()
+        if any(words in text for words in _PG_DENIED):
+            return None
+        return "unreachable" if any(words in text for words in _PG_REFUSED) else "reconnect"
+    return None
+
+
 def _label(exc: BaseException, kind: str) -> str:
     """How a retried error is counted in the log: 1213 is a deadlock, or on Galera a
     certification conflict at COMMIT."""
     code = exc.args[0] if exc.args and isinstance(exc.args[0], int) and exc.args[0] else None
-    named = {1213: "deadlock or certification conflict", 1205: "lock wait timeout"}
+    code = code or getattr(exc.__cause__, "sqlstate", None)
+    named = {1213: "deadlock or certification conflict", 1205: "lock wait timeout", "40P01": "deadlock",
+             "40001": "serialization failure", "55P03": "lock timeout"}
     return f"{named.get(code, kind)} ({code})" if code else ("database is locked" if kind == "retry" else kind)
 
 
@@ -213,6 +268,9 @@ class Cursor:
 
     @property
     def lastrowid(self) -> int:
+        """The id of the row the last INSERT made (its statement ends with {returning})."""
+        if dialect(self.db).returning:
+            return self.fetchone()[0]
         return self._cursor.lastrowid
 
     def close(self) -> None:
@@ -350,7 +408,8 @@ def check_databases(app_configs: Any = None, **kwargs: Any) -> list[Error]:
         return []  # leases.E002, from leases.conf
     connection = connections[alias]
     if not supported(connection.vendor):
-        return [Error(f"django-leases supports MySQL/MariaDB and SQLite, not {connection.vendor}.", id="leases.E003")]
+        return [Error(f"django-leases supports MySQL/MariaDB, PostgreSQL and SQLite, not {connection.vendor}.",
+                      id="leases.E003")]
     errors: list[Error] = []
     options = connection.settings_dict.get("OPTIONS") or {}
     if connection.vendor == "mysql" and not options.get("read_timeout"):

@@ -18,13 +18,15 @@ ENGINES = {
     "sqlite": "django.db.backends.sqlite3",
     "mysql": "django.db.backends.mysql",
     "mariadb": "django.db.backends.mysql",
+    "postgres": "django.db.backends.postgresql",
+    "postgresql": "django.db.backends.postgresql",
 }
 
 
 def database_settings(url: str) -> dict[str, Any]:
     """A DATABASES entry for a URL: `sqlite:///relative.sqlite3`, `sqlite:////absolute`,
-    `mysql://user:password@host:3306/name?option=value` (or `mariadb://`). ValueError,
-    one line, for anything else."""
+    `mysql://user:password@host:3306/name?option=value` (or `mariadb://`),
+    `postgres://user:password@host:5432/name`. ValueError, one line, for anything else."""
     parts = urlsplit(url)
     engine = ENGINES.get(parts.scheme)
     if engine is None:
@@ -34,6 +36,8 @@ def database_settings(url: str) -> dict[str, Any]:
         return _sqlite(unquote(parts.path[1:]) or ":memory:", options)
     if not parts.path.strip("/"):
         raise ValueError(f"database URL {_shown(url)!r} names no database (…/name)")
+    if engine.endswith("postgresql"):
+        return _postgres(parts, options)
     # A server that stalls or vanishes must surface as an error the engine retries, not
     # hang a heartbeat forever; lock waits end well before that.
     options.setdefault("charset", "utf8mb4")
@@ -45,6 +49,20 @@ def database_settings(url: str) -> dict[str, Any]:
         "ENGINE": engine, "NAME": unquote(parts.path.strip("/")), "USER": unquote(parts.username or ""),
         "PASSWORD": unquote(parts.password or ""), "HOST": parts.hostname or "", "PORT": str(parts.port or ""),
         "OPTIONS": options, "TEST": {"CHARSET": "utf8mb4", "COLLATION": "utf8mb4_unicode_ci"},
+    }
+
+
+def _postgres(parts: Any, options: dict[str, Any]) -> dict[str, Any]:
+    """A link that vanished becomes an error within seconds (libpq's connect and TCP user
+    timeouts), and lock waits end after ten. libpq has no read timeout: a server that
+    stalls while its link stays up holds the caller until it wakes."""
+    options.setdefault("connect_timeout", 5)
+    options.setdefault("tcp_user_timeout", 30_000)
+    options.setdefault("options", "-c lock_timeout=10s")
+    return {
+        "ENGINE": ENGINES["postgres"], "NAME": unquote(parts.path.strip("/")), "USER": unquote(parts.username or ""),
+        "PASSWORD": unquote(parts.password or ""), "HOST": parts.hostname or "", "PORT": str(parts.port or ""),
+        "OPTIONS": options,
     }
 
 
@@ -106,7 +124,8 @@ def create_tables(using: str = "default") -> None:
 
 
 def main(argv: list[str]) -> int:
-    """`python -m leases.setup DATABASE_URL`: create the tables; exit 2 on a bad URL."""
+    """`python -m leases.setup DATABASE_URL`: create the tables; exit 2 on a bad URL, 75
+    (EX_TEMPFAIL) when the database cannot be reached or refuses us."""
     if len(argv) != 1 or argv[0].startswith("-"):
         print("usage: python -m leases.setup DATABASE_URL  (creates the tables of django-leases)", file=sys.stderr)
         return 2
@@ -115,7 +134,13 @@ def main(argv: list[str]) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    create_tables()
+    from django.db import Error
+
+    try:
+        create_tables()
+    except Error as exc:  # an outage or a refusal: one line, as the commands say it
+        print(f"error: {_shown(argv[0])}: {str(exc).strip().splitlines()[0]}", file=sys.stderr)
+        return 75
     print(f"tables of django-leases ready in {_shown(argv[0])}")
     return 0
 

@@ -110,7 +110,7 @@ LOCK = {
     # params: name, holder, ttl; a duplicate key means someone else created it first
     "insert": (
         "INSERT INTO {t} (name, holder, token, expires_at, acquired_at)"
-        " VALUES (%s, %s, 1, {later}, {now})"
+        " VALUES (%s, %s, 1, {later}, {now}){returning}"
     ),
     # params: holder, ttl, id, token read by "read"
     "claim": (
@@ -155,7 +155,10 @@ def update_each(connection: BaseDatabaseWrapper, table: str, rows: dict[int, dic
         sets.append(f"{connection.ops.quote_name(column)} = %s")
         params.append(adapt(value) if isinstance(value, datetime) else value)
     for column in rows[ids[0]]:
-        sets.append(f"{connection.ops.quote_name(column)} = CASE id {' '.join(['WHEN %s THEN %s'] * len(ids))} END")
+        # ELSE the column itself, never reached, gives the CASE the column's type when every
+        # value is NULL (PostgreSQL would take it for text).
+        quoted = connection.ops.quote_name(column)
+        sets.append(f"{quoted} = CASE id {' '.join(['WHEN %s THEN %s'] * len(ids))} ELSE {quoted} END")
         for row_id in ids:
             value = rows[row_id][column]
             params += [row_id, adapt(value) if isinstance(value, datetime) else value]
@@ -174,8 +177,9 @@ def register(kind: str, templates: dict[str, str], tables: dict[str, str],
     `tables` maps placeholders to models ("app_label.Model"); `names` maps placeholders to
     Django choices, whose members the templates name: {job.ready} is JobStatus.READY as
     an SQL literal. Besides those, templates may use the dialect's fragments: {now},
-    {later}, {random}, {skip_locked}, {for_update}, {upsert[conflict columns]}, {new[col]}
-    and {steps[col]} (a time axis's bar of a column: params its start, its step in seconds).
+    {later}, {random}, {skip_locked}, {for_update}, {upsert[conflict columns]}, {new[col]},
+    {steps[col]} (a time axis's bar of a column: params its start, its step in seconds)
+    and {returning} (ends an INSERT whose id `cursor.lastrowid` reads).
     """
     _KINDS[kind] = (templates, tables, names or {})
 
@@ -229,6 +233,7 @@ def _build(kind: str, vendor: str, skip_locked: str, quote: Any) -> SimpleNamesp
         "upsert": _Pattern(dialect.upsert, "keys"),
         "new": _Pattern(dialect.new, "col"),
         "steps": _Pattern(dialect.steps, "col"),
+        "returning": dialect.returning,
         **{key: quote(apps.get_model(label)._meta.db_table) for key, label in tables.items()},
         **{key: _literals(choices) for key, choices in names.items()},
     }

@@ -233,7 +233,7 @@ class ResourceThread(threading.Thread):
                 if not self._named:
                     self.name = f"{lease.pool}/{lease.name}"
         if stopped:
-            self._let_go(lease, 1.0)
+            self._let_go(lease, 5.0)  # bounded: a hung database must not hold start() long
             return True
         reason = self._invalid()
         if reason is None:

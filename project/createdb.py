@@ -1,8 +1,8 @@
 """`python -m project.createdb`: create the database DATABASE_URL names, if it is missing.
 
-`make demo` and the benches run it first, so a MySQL/MariaDB URL naming a database that
-does not exist yet works instead of failing with "Unknown database". SQLite creates its
-file itself; only its folder is made here.
+`make demo` and the benches run it first, so a MySQL/MariaDB or PostgreSQL URL naming a
+database that does not exist yet works instead of failing with "Unknown database". SQLite
+creates its file itself; only its folder is made here.
 """
 from __future__ import annotations
 
@@ -24,10 +24,12 @@ def create_database(alias: str = "default") -> str:
     if connection.vendor == "sqlite":
         Path(name).parent.mkdir(parents=True, exist_ok=True)
         return f"SQLite database {name}"
-    if connection.vendor != "mysql":
+    if connection.vendor not in ("mysql", "postgresql"):
         return f"{connection.vendor} database {name} (create it yourself)"
     if not SAFE_NAME.fullmatch(name):  # an identifier cannot be a parameter: only plain names
         raise SystemExit(f"cannot create database {name!r}: use letters, digits, _ and $ only")
+    if connection.vendor == "postgresql":
+        return _create_postgres(connection, name)
     import MySQLdb
 
     params = connection.get_connection_params()
@@ -39,6 +41,18 @@ def create_database(alias: str = "default") -> str:
     finally:
         server.close()
     return f"MySQL database {name} (created if it was missing)"
+
+
+def _create_postgres(connection, name: str) -> str:
+    """CREATE DATABASE has no IF NOT EXISTS on PostgreSQL and cannot run in a transaction:
+    ask the server's own `postgres` database whether it exists, then create it."""
+    import psycopg
+
+    params = {**connection.get_connection_params(), "dbname": "postgres"}
+    with psycopg.connect(**params, autocommit=True) as server:
+        if server.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone() is None:
+            server.execute(f'CREATE DATABASE "{name}"')
+    return f"PostgreSQL database {name} (created if it was missing)"
 
 
 if __name__ == "__main__":

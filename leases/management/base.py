@@ -142,4 +142,5 @@ class LeasesCommand(BaseCommand):
         except Error as exc:
             if not db.transient(exc):
                 raise
-            raise CommandError(f"database unavailable, try again later: {exc}", returncode=EX_TEMPFAIL) from None
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise CommandError(f"database unavailable, try again later: {first}", returncode=EX_TEMPFAIL) from None

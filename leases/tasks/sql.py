@@ -39,7 +39,9 @@ JOBS = {
     "values_at": "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, {job.ready}, 0, 0, 1, '', {now})",
     # A waiting job with the same key takes the new run time and priority (the latest
     # push says what is wanted now), keeps its name and payload, and counts the push.
-    "merge_waiting": " {upsert[pending_key]} run_at = {new[run_at]}, priority = {new[priority]}, pushes = pushes + 1",
+    "merge_waiting": (
+        " {upsert[pending_key]} run_at = {new[run_at]}, priority = {new[priority]}, pushes = {j}.pushes + 1"
+    ),
     # params: pending key -> the job as the database holds it after the push
     "waiting_by_key": (
         "SELECT id, queue, name, backend, payload, dedupe_key, priority, run_at, status, attempt,"
@@ -217,7 +219,7 @@ LIMITS = {
     "existing_keys": "SELECT name FROM {k} WHERE name IN (",
     # The keys without a row yet: completed with "(%s, 1)" per key, then "add_keys_tail".
     "add_keys": "INSERT INTO {k} (name, decisions) VALUES ",
-    "add_keys_tail": " {upsert[name]} decisions = decisions + 1",
+    "add_keys_tail": " {upsert[name]} decisions = {k}.decisions + 1",
     # Running jobs per key, through (limit_key, status). Completed with keys, "by_key".
     "running_per_key": "SELECT limit_key, COUNT(*) FROM {j} WHERE status = {job.running} AND limit_key IN (",
     # Starts per key since a moment, and the oldest. params: since, then the keys, "by_key"
@@ -309,14 +311,15 @@ DISPATCH = {
     "upsert_row": "(%s, %s, %s, {task.pool}, %s)",
     # A task in a bucket stays there, and so does one done during this rebuild; a pool
     # task takes the new score; a task done before the rebuild began is listed again.
-    # (MySQL applies these left to right; each reads only columns not yet assigned.)
+    # (MySQL applies these left to right; each reads only columns not yet assigned. The
+    # row's columns are named with the table's: PostgreSQL's update part sees two rows.)
     # params: rebuild start, rebuild start, rebuild start, generation
     "upsert_tail": (
         " {upsert[dispatcher, value]}"
-        " score = CASE WHEN state = {task.pool} OR (state = {task.done} AND done_at < %s) THEN {new[score]}"
-        " ELSE score END,"
-        " worker = CASE WHEN state = {task.done} AND done_at < %s THEN NULL ELSE worker END,"
-        " state = CASE WHEN state = {task.done} AND done_at < %s THEN {task.pool} ELSE state END,"
+        " score = CASE WHEN {t}.state = {task.pool} OR ({t}.state = {task.done} AND {t}.done_at < %s)"
+        " THEN {new[score]} ELSE {t}.score END,"
+        " worker = CASE WHEN {t}.state = {task.done} AND {t}.done_at < %s THEN NULL ELSE {t}.worker END,"
+        " state = CASE WHEN {t}.state = {task.done} AND {t}.done_at < %s THEN {task.pool} ELSE {t}.state END,"
         " seen = %s"
     ),
     "unlisted": "SELECT id FROM {t} WHERE dispatcher = %s AND state = {task.pool} AND seen <> %s LIMIT %s",

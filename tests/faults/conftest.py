@@ -9,14 +9,19 @@ from django.db.utils import load_backend
 
 from tests.faults.faultproxy import FaultProxy
 
+#: The proxy's protocol for each vendor it can stand in front of.
+PROTOCOLS = {"mysql": ("mysql", 3306), "postgresql": ("postgres", 5432)}
+
 
 @pytest.fixture
 def proxy():
-    """A proxy in front of the test database's server (it relays the MySQL protocol)."""
-    if connection.vendor != "mysql":
-        pytest.skip("the fault-injection proxy speaks the MySQL protocol")
+    """A proxy in front of the test database's server (MySQL's or PostgreSQL's protocol)."""
+    if connection.vendor not in PROTOCOLS:
+        pytest.skip("the fault-injection proxy speaks the MySQL and PostgreSQL protocols")
+    protocol, port = PROTOCOLS[connection.vendor]
     settings = connection.settings_dict
-    with FaultProxy(upstream=(settings["HOST"] or "127.0.0.1", int(settings["PORT"] or 3306))) as running:
+    upstream = (settings["HOST"] or "127.0.0.1", int(settings["PORT"] or port))
+    with FaultProxy(upstream=upstream, protocol=protocol) as running:
         yield running
 
 
@@ -26,7 +31,9 @@ def proxied(proxy):
     connection the test framework does not know is not fenced off by it)."""
     conf = copy.deepcopy(connections["default"].settings_dict)
     conf.update(HOST="127.0.0.1", PORT=proxy.port)
-    conf["OPTIONS"].update(read_timeout=3, connect_timeout=2)
+    conf["OPTIONS"].update(connect_timeout=2)
+    if connection.vendor == "mysql":
+        conf["OPTIONS"].update(read_timeout=3)
     connections["proxied"] = load_backend(conf["ENGINE"]).DatabaseWrapper(conf, alias="proxied")
     yield "proxied"
     connections["proxied"].close()

@@ -1,4 +1,4 @@
-"""A TCP proxy between MySQL/MariaDB clients and the server that misbehaves on command.
+"""A TCP proxy between database clients and the server that misbehaves on command.
 
 Tests and the soak script put it in front of the server to prove that clients survive what
 real networks and servers do: a reply lost after COMMIT although the server committed, a
@@ -6,8 +6,9 @@ refused connection, a server that hangs. One background thread relays every conn
 through a selector, so fifty connections cost no extra threads, nothing the proxy does
 waits on the network, and the control methods return as soon as the change holds.
 
-Only the client's byte stream is parsed, and only to recognise COM_QUERY packets; bytes
-are always relayed unchanged.
+It speaks MySQL/MariaDB's protocol or PostgreSQL's (protocol 3). Only the client's byte
+stream is parsed, and only to find the queries in it (tests/faults/wire.py); bytes are
+always relayed unchanged.
 """
 from __future__ import annotations
 
@@ -24,12 +25,12 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Self
 
+from tests.faults.wire import PARSERS, MySQLParser, PostgresParser
+
+_ClientParser = MySQLParser  # its earlier name, which test_faultproxy.py imports
+
 logger = logging.getLogger(__name__)
 
-COM_QUERY = 0x03
-CLIENT_COMPRESS = 0x0020
-CLIENT_SSL = 0x0800
-MAX_PAYLOAD = 0xFFFFFF  # a payload this long continues in the next packet
 CHUNK = 65536
 READ, WRITE = selectors.EVENT_READ, selectors.EVENT_WRITE
 _WAKE, _LISTEN = "wake", "listen"  # selector data of the two sockets that are no connection
@@ -67,80 +68,37 @@ class DropRule:
                 f"count={self.count}, dropped={self.dropped})")
 
 
-class _ClientParser:
-    """Cuts the client's byte stream into packets, however recv() split it, to find queries."""
-
-    def __init__(self) -> None:
-        self._header = b""
-        self._remaining: int | None = None  # payload bytes still due; None while reading a header
-        self._seq = 0
-        self._long = False
-        self._body: bytearray | None = None  # payload kept only while it may be a query
-        self._first = True
-        self.relay_only = False  # TLS or compression: the stream is no longer readable packets
-
-    def feed(self, data: bytes) -> list[str | None]:
-        """The COM_QUERY packets completed by ``data``: their SQL, or None if too long to match."""
-        queries: list[str | None] = []
-        pos = 0
-        while pos < len(data) and not self.relay_only:
-            if self._remaining is None:
-                part = data[pos:pos + 4 - len(self._header)]
-                self._header += part
-                pos += len(part)
-                if len(self._header) < 4:
-                    break
-                self._remaining = int.from_bytes(self._header[:3], "little")
-                self._seq = self._header[3]
-                self._long = self._remaining == MAX_PAYLOAD
-                self._header = b""
-                # Commands start at sequence 0; the first packet carries the capabilities.
-                self._body = bytearray() if self._first or self._seq == 0 else None
-            part = data[pos:pos + self._remaining]
-            pos += len(part)
-            self._remaining -= len(part)
-            if self._body is not None:
-                self._body += part
-                if not self._first and self._body and self._body[0] != COM_QUERY:
-                    self._body = None  # another command: no need to keep its payload
-            if self._remaining == 0:
-                self._remaining = None
-                if self._first:
-                    self._first = False
-                    caps = int.from_bytes(self._body[:4], "little")
-                    self.relay_only = bool(caps & (CLIENT_SSL | CLIENT_COMPRESS))
-                elif self._body:
-                    queries.append(None if self._long else self._body[1:].decode("utf-8", "replace"))
-                self._body = None
-        return queries
-
-
 class _Conn:
     """A client's socket, its upstream socket, and the bytes each still has to take."""
 
     __slots__ = ("client", "closing", "connecting", "drop", "last", "parser", "server", "to_client", "to_server")
 
-    def __init__(self, client: socket.socket) -> None:
+    def __init__(self, client: socket.socket, parser: MySQLParser | PostgresParser) -> None:
         self.client = client
         self.server: socket.socket | None = None  # None until connected upstream (deferred while stalled)
         self.connecting = False
         self.to_server = bytearray()
         self.to_client = bytearray()
-        self.parser = _ClientParser()
+        self.parser = parser
         self.drop: DropRule | None = None  # the rule that will lose the reply now awaited
         self.last = ""  # the connection's previous query, for rules with ``after``
         self.closing = False  # one side ended: flush what the other side is owed, then close
 
 
 class FaultProxy:
-    """Relays MySQL connections to ``upstream`` and injects faults on command.
+    """Relays connections to ``upstream`` and injects faults on command.
 
-    Start it with ``start()`` or a ``with`` block; ``port`` is where clients connect.
+    ``protocol`` is "mysql" (MySQL and MariaDB) or "postgres" (PostgreSQL); ``upstream``
+    defaults to that server's usual port on 127.0.0.1. Start it with ``start()`` or a
+    ``with`` block; ``port`` is where clients connect.
     """
 
-    def __init__(self, upstream: tuple[str, int] = ("127.0.0.1", 3306),
-                 listen: tuple[str, int] = ("127.0.0.1", 0)) -> None:
-        self.upstream = upstream
+    def __init__(self, upstream: tuple[str, int] | None = None,
+                 listen: tuple[str, int] = ("127.0.0.1", 0), protocol: str = "mysql") -> None:
+        if protocol not in PARSERS:
+            raise ValueError(f"protocol must be one of {sorted(PARSERS)}, not {protocol!r}")
+        self.protocol = protocol
+        self.upstream = upstream or ("127.0.0.1", 5432 if protocol == "postgres" else 3306)
         self.listen = listen
         self._rules: tuple[DropRule, ...] = ()
         self._rules_lock = threading.Lock()
@@ -192,8 +150,13 @@ class FaultProxy:
 
     def drop_reply(self, pattern: str, probability: float = 1.0, count: int | None = None,
                    seed: int | None = None, after: str | None = None) -> DropRule:
-        """Lose the reply to matching COM_QUERYs once the server has begun it, i.e. has run them;
-        with ``after``, only to those that follow a query matching it on their connection."""
+        """Lose the reply to matching queries once the server has begun it, i.e. has run them;
+        with ``after``, only to those that follow a query matching it on their connection.
+
+        The connection is cut at the first byte of the reply. A MySQL COM_QUERY or a
+        PostgreSQL simple query is matched when read; a PostgreSQL Execute (extended
+        protocol) is matched, with the text its statement was parsed from, once the Sync or
+        Flush that ends its batch has been read, so the server runs the whole batch first."""
         rule = DropRule(pattern, probability, count, seed, after)
         with self._rules_lock:
             self._rules = (*self._rules, rule)
@@ -225,7 +188,8 @@ class FaultProxy:
         self._call(self._cut)
 
     def stats(self) -> dict[str, int]:
-        """Counters so far: connections accepted, open now, COM_QUERYs seen, replies dropped."""
+        """Counters so far: connections accepted, open now, queries seen (MySQL COM_QUERYs,
+        PostgreSQL simple queries and Executes), replies dropped."""
         return {"connections": self._accepted, "open": len(self._conns),
                 "queries": self._queries, "dropped": self._dropped}
 
@@ -389,7 +353,7 @@ class FaultProxy:
             return
         client.setblocking(False)
         client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        conn = _Conn(client)
+        conn = _Conn(client, PARSERS[self.protocol]())
         self._conns.add(conn)
         self._accepted += 1
         if not self._stalled:  # a hung server accepts but never greets; connect on resume()

@@ -232,6 +232,8 @@ def test_a_worker_on_a_database_that_refuses_it_stops_with_one_line(manage, rout
     env = {**routed_env, "DATABASE_URL_SECOND": routed_env["DATABASE_URL_SECOND"].replace("sqlite:///", "sqlite:////nonexistent/dir/")}
     if "mysql" in env["DATABASE_URL"]:
         env["DATABASE_URL_SECOND"] = env["DATABASE_URL"].replace("mysql://root@", "mysql://nobody-here@")
+    if "postgres" in env["DATABASE_URL"]:
+        env["DATABASE_URL_SECOND"] = env["DATABASE_URL"].replace("postgres://postgres@", "postgres://nobody-here@")
     done = command(manage, env, "leases_worker", "--queue", "other", "--burst", "--skip-checks")
     assert done.returncode == 2, done.stderr
     assert done.stderr.strip().startswith("CommandError: database 'second' (queues other): ")

@@ -75,8 +75,15 @@ def test_a_process_without_a_project_makes_the_tables_and_leases(tmp_path):
     assert again.returncode == 0 and again.stdout.startswith("tables of django-leases ready in sqlite:")
 
 
-@pytest.mark.parametrize("url", ["postgres://x@h/db", "mysql://root@127.0.0.1:3306", "redis://h", "nonsense"])
+@pytest.mark.parametrize("url", ["postgres://x@h", "mysql://root@127.0.0.1:3306", "redis://h", "nonsense"])
 def test_a_bad_database_url_is_one_line_and_exit_2(url):
     done = subprocess.run([sys.executable, "-m", "leases.setup", url], cwd="/", capture_output=True, text=True,
                           timeout=60, env={"PYTHONPATH": str(ROOT)})
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and done.stderr.startswith("error: database URL")
+
+
+def test_a_database_that_cannot_be_reached_is_one_line_and_exit_75():
+    done = subprocess.run([sys.executable, "-m", "leases.setup", "mysql://app:s3cret@127.0.0.1:1/leases"], cwd="/",
+                          capture_output=True, text=True, timeout=60, env={"PYTHONPATH": str(ROOT)})
+    assert done.returncode == 75 and done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.startswith("error: mysql://app:***@127.0.0.1:1/leases: ") and "s3cret" not in done.stderr

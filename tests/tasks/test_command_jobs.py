@@ -223,21 +223,24 @@ def test_stats_reads_no_finished_job_but_those_of_the_last_hour():
     push_many([("noop", {"n": i}) for i in range(20)])
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE TABLE leases_tasks_job" if connection.vendor == "mysql" else "ANALYZE")
-        cursor.fetchall()
+        if cursor.description:  # MySQL answers with a table of its own
+            cursor.fetchall()
     with CaptureQueriesContext(connection) as captured:
         run("stats")
-    mysql = connection.vendor == "mysql"
+    vendor = connection.vendor
     plans = []
     with connection.cursor() as cursor:
         for query in (q["sql"] for q in captured if "leases_tasks_job" in q["sql"]):
-            cursor.execute(("EXPLAIN " if mysql else "EXPLAIN QUERY PLAN ") + query)
+            cursor.execute(("EXPLAIN QUERY PLAN " if vendor == "sqlite" else "EXPLAIN ") + query)
             names = [column[0] for column in cursor.description]
             plans.append([dict(zip(names, row)) for row in cursor.fetchall()])
     assert len(plans) == 3
     for plan in plans:  # a search or range of an index, never a walk of the table or a whole index
-        if mysql:  # the jobs not finished are read a status at a time, in one UNION ALL
+        if vendor == "mysql":  # the jobs not finished are read a status at a time, in one UNION ALL
             steps = [step for step in plan if not str(step["table"]).startswith("<union")]
             assert {step["type"] for step in steps} <= {"range", "ref"} and len(steps) in (1, 3), plan
+        elif vendor == "postgresql":
+            assert not any("Seq Scan on leases_tasks_job" in step["QUERY PLAN"] for step in plan), plan
         else:
             assert not any(step["detail"].startswith("SCAN leases_tasks_job") for step in plan), plan
 

@@ -157,14 +157,30 @@ def new_job(
 
 
 def write(cursor: Any, jobs: Sequence[NewJob]) -> None:
-    """Write `jobs` with one upsert on the caller's cursor, in its transaction."""
+    """Write `jobs` with one upsert on the caller's cursor, in its transaction; a key met
+    twice starts another upsert, since PostgreSQL refuses to merge into one row twice in
+    one statement (MySQL and SQLite merge in order, which is what the split keeps)."""
     st = sql.jobs(cursor.db)
-    params: list = []
-    rows = []
+    for batch in _unique_keys(jobs):
+        params: list = []
+        rows = []
+        for job in batch:
+            rows.append(st.values_at if job.run_at is not None else st.values_after)
+            params += job.params(cursor.db)
+        cursor.execute(st.insert + ", ".join(rows) + st.merge_waiting, params)
+
+
+def _unique_keys(jobs: Sequence[NewJob]) -> list[list[NewJob]]:
+    """`jobs` in order, cut into runs in which no key comes twice."""
+    batches: list[list[NewJob]] = [[]]
+    seen: set[str] = set()
     for job in jobs:
-        rows.append(st.values_at if job.run_at is not None else st.values_after)
-        params += job.params(cursor.db)
-    cursor.execute(st.insert + ", ".join(rows) + st.merge_waiting, params)
+        if job.key in seen:
+            batches.append([])
+            seen.clear()
+        batches[-1].append(job)
+        seen.add(job.key)
+    return batches
 
 
 def ids_by_key(cursor: Any, jobs: Sequence[NewJob]) -> dict[str, int]:

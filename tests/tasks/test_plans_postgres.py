@@ -1,0 +1,45 @@
+"""On PostgreSQL the claim, the acquire and the lookup by key stay index reads on tables
+whose statistics are stale: right after a bulk push of 20,000 jobs (or a bulk add of
+20,000 resources), before autovacuum or anyone has run ANALYZE. A planner that believed
+the tables empty would choose a sequential scan, and every claim would read them whole."""
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+
+import tests.jobs  # noqa: F401 - registers noop
+from leases import Pool
+from leases.sql import statements
+from leases.tasks import push_many
+
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL's planner"),
+]
+
+
+def plan(sql: str, params: list) -> str:
+    with connection.cursor() as cursor:
+        cursor.execute("EXPLAIN " + sql, params)
+        return "\n".join(row[0] for row in cursor.fetchall())
+
+
+@pytest.fixture
+def stale_jobs():
+    push_many([("noop", {"n": n}) for n in range(20_000)])  # and no ANALYZE
+
+
+def test_the_claim_reads_the_claim_index(stale_jobs):
+    shown = plan(statements(connection, "job").due, ["default", 10])
+    assert "leases_job_claim" in shown and "Seq Scan" not in shown, shown
+
+
+def test_a_lookup_by_key_reads_an_index(stale_jobs):
+    shown = plan(statements(connection, "job").waiting_by_key, ["noop:1"])
+    assert "Index" in shown and "Seq Scan" not in shown, shown
+
+
+def test_the_acquire_reads_the_pool_index():
+    Pool("big").add_many([(f"r{n}", None) for n in range(20_000)])
+    shown = plan(statements(connection).candidates, ["big", 8])
+    assert "Index" in shown and "Seq Scan" not in shown, shown
