@@ -129,10 +129,12 @@ def main(argv: list[str]) -> int:
     if len(argv) != 1 or argv[0].startswith("-"):
         print("usage: python -m leases.setup DATABASE_URL  (creates the tables of django-leases)", file=sys.stderr)
         return 2
+    from django.core.exceptions import ImproperlyConfigured
+
     try:
         configure(argv[0])
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    except (ValueError, ImproperlyConfigured) as exc:  # a bad URL, or its driver is not installed
+        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
     from django.db import Error
 

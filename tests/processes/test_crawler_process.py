@@ -2,6 +2,7 @@
 ResourceThread whose wait for a free resource SIGTERM ends within a second."""
 from __future__ import annotations
 
+import importlib.util
 import signal
 import subprocess
 import sys
@@ -82,8 +83,29 @@ def test_a_bad_database_url_is_one_line_and_exit_2(url):
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and done.stderr.startswith("error: database URL")
 
 
-def test_a_database_that_cannot_be_reached_is_one_line_and_exit_75():
-    done = subprocess.run([sys.executable, "-m", "leases.setup", "mysql://app:s3cret@127.0.0.1:1/leases"], cwd="/",
-                          capture_output=True, text=True, timeout=60, env={"PYTHONPATH": str(ROOT)})
+def installed(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+@pytest.mark.parametrize("url", [
+    "sqlite:////nonexistent-folder/leases.sqlite3",
+    pytest.param("mysql://app:s3cret@127.0.0.1:1/leases",
+                 marks=pytest.mark.skipif(not installed("MySQLdb"), reason="mysqlclient is not installed")),
+])
+def test_a_database_that_cannot_be_reached_is_one_line_and_exit_75(url):
+    done = subprocess.run([sys.executable, "-m", "leases.setup", url], cwd="/", capture_output=True, text=True,
+                          timeout=60, env={"PYTHONPATH": str(ROOT)})
     assert done.returncode == 75 and done.stderr.count("\n") == 1, done.stderr
-    assert done.stderr.startswith("error: mysql://app:***@127.0.0.1:1/leases: ") and "s3cret" not in done.stderr
+    assert done.stderr.startswith(f"error: {url.replace(':s3cret@', ':***@')}: ") and "s3cret" not in done.stderr
+
+
+def test_a_url_whose_driver_is_missing_is_one_line_and_exit_2(tmp_path):
+    # A driver module that cannot be imported, first on the path: as on a machine without it.
+    for name in ("MySQLdb", "psycopg"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "__init__.py").write_text("raise ImportError('not installed here')\n")
+    for url in ("mysql://root@127.0.0.1:3306/leases", "postgres://postgres@127.0.0.1:5432/leases"):
+        done = subprocess.run([sys.executable, "-m", "leases.setup", url], cwd="/", capture_output=True, text=True,
+                              timeout=60, env={"PYTHONPATH": f"{tmp_path}:{ROOT}"})
+        assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+        assert done.stderr.startswith("error: ") and "Traceback" not in done.stderr
