@@ -82,6 +82,9 @@ class Dialect:
     #: Ends an INSERT whose new id is read back: PostgreSQL returns it as a row, the
     #: others through the cursor's lastrowid.
     returning: str = ""
+    #: Tells listeners of a channel (first parameter) each payload of a list (the second)
+    #: when the transaction commits; "" where the database has no notifications.
+    notify: str = ""
 
 
 _MYSQL = Dialect(
@@ -130,6 +133,7 @@ _POSTGRES = Dialect(
     stored_datetime=lambda dt: dt.astimezone(timezone.utc),
     steps="FLOOR(EXTRACT(EPOCH FROM ({col} - %s)) / %s)",
     returning=" RETURNING id",
+    notify="SELECT pg_notify(%s, payload) FROM unnest(%s::text[]) AS payload",
 )
 
 DIALECTS = {"mysql": _MYSQL, "sqlite": _SQLITE, "postgresql": _POSTGRES}
@@ -322,7 +326,7 @@ def run(
             kinds.append(_label(exc, kind))
             log.debug("transient database error (%s), attempt %d of %d: %s", kind, attempt + 1, attempts, exc)
             if kind != "retry":
-                _close(connection)
+                close(connection)
                 resumed = resumed or (sent and kind == "reconnect")
             if kind == "unreachable":  # a server restarting: pause longer, never next to nothing
                 step = min(2.0, 0.1 * 2**attempt)
@@ -332,6 +336,27 @@ def run(
     raise AssertionError("unreachable")
 
 
+def listen(connection: BaseDatabaseWrapper, channel: str) -> bool:
+    """Subscribe `connection` (autocommit, used for nothing else) to `channel`; False
+    where the database or its driver has no notifications (psycopg 3 has them)."""
+    if not dialect(connection).notify:
+        return False
+    connection.ensure_connection()
+    raw = connection.connection
+    if not callable(getattr(raw, "notifies", None)):  # psycopg2's is a list
+        return False
+    with connection.wrap_database_errors:
+        raw.execute(f"LISTEN {connection.ops.quote_name(channel)}")
+    return True
+
+
+def notifications(connection: BaseDatabaseWrapper, timeout: float) -> list[str]:
+    """Payloads that reached a listening connection: as soon as some come, or [] after
+    `timeout` seconds. A broken connection raises Django's OperationalError."""
+    with connection.wrap_database_errors:
+        return [note.payload for note in connection.connection.notifies(timeout=timeout, stop_after=1)]
+
+
 def one_line(exc: BaseException) -> str:
     """An expected failure, for a DEBUG line: its type and first line, no traceback (the
     tracebacks in a log are kept for what nobody expected)."""
@@ -339,7 +364,7 @@ def one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0] if text else ''}"
 
 
-def _close(connection: BaseDatabaseWrapper) -> None:
+def close(connection: BaseDatabaseWrapper) -> None:
     """Drop a connection that died; closing it may fail too, and that is no news."""
     try:
         connection.close()

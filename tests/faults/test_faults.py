@@ -255,3 +255,20 @@ def test_a_worker_started_during_an_outage_waits_for_the_database(workers, proxy
     assert proc.poll() is None, workers.stderr(proc)
     assert "waiting to start" in workers.stderr(proc)
     drain_and_check(workers, [proc], log, 20, timeout=60)
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="LISTEN/NOTIFY is PostgreSQL's")
+def test_a_lost_listen_connection_is_said_once_and_the_worker_listens_again(workers, proxy, tmp_path):
+    """Polls every 5 s, so a pickup under half a second after the outage needs the listen
+    connection back; a refusal of several reconnects is one line, not one per try."""
+    proc = workers.start("--queue", "default", "--poll", "5")
+    wait_for(lambda: "listening for pushes (LISTEN" in workers.stderr(proc), 20, "the worker to listen")
+    proxy.refuse(3)
+    time.sleep(3.5)
+    wait_for(lambda: "listening for pushes again" in workers.stderr(proc), 20, "the worker to listen again")
+    assert workers.stderr(proc).count("lost its listen connection") == 1, workers.stderr(proc)
+    time.sleep(1.5)  # past the poll it made when it listened again
+    job = push("noop", {"n": 1})
+    started = wait_for(lambda: Job.objects.filter(pk=job.pk, started_at__isnull=False).first(), 20, "the job")
+    assert (started.started_at - started.enqueued_at).total_seconds() < 0.5
+    assert proc.poll() is None and "Traceback" not in workers.stderr(proc), workers.stderr(proc)

@@ -22,7 +22,7 @@ from .. import registry, sql
 from ..models import PRIORITY_RANGE, Job, JobError
 from . import limits
 from .claim import ClaimedJob
-from .push import JobDefaults, new_job, write
+from .push import JobDefaults, announce, new_job, write
 
 #: Seconds before a job this worker has no handler for may be claimed again.
 BOUNCE_DELAY = 10.0
@@ -121,6 +121,8 @@ def write_outcomes(outcomes: list[Outcome], worker: str, grace: float, using: st
                     ended.append((outcome.job.id, outcome.job.queue, outcome.job.on_finish))
             follow_ups(cursor, ended)
             limits.free_slots(cursor, [o.job.limits for o in outcomes if o.job.limit_key], using)
+            # A freed slot may let another worker's waiting job of the same key run now.
+            announce(cursor, {o.job.queue for o in outcomes if o.job.limit_key and o.job.concurrency})
 
     db.run(work, using)
     return written

@@ -7,7 +7,8 @@ handler when it runs), and written by `write`, so a handler's settings apply who
 enqueues it. A push is one upsert: a job whose key (default: a hash of name and payload)
 is already waiting is not queued twice; it only takes the new run time (a
 reschedule). The run time is the server clock plus the delay, computed in the statement.
-A push inside a transaction is seen by workers when it commits.
+A push inside a transaction is seen by workers when it commits; on PostgreSQL the
+commit also wakes the workers listening for its queues (`announce`).
 """
 from __future__ import annotations
 
@@ -33,6 +34,10 @@ from . import limits, queues
 from .payload import check_key, check_priority, default_key, dump_payload
 
 log = logging.getLogger("leases.tasks")
+
+#: The channel on which a commit of pushed jobs wakes listening workers; each
+#: notification's payload is a queue's name.
+CHANNEL = "leases_jobs"
 
 #: Jobs per INSERT statement in push_many ...
 BATCH = 1000
@@ -168,6 +173,16 @@ def write(cursor: Any, jobs: Sequence[NewJob]) -> None:
             rows.append(st.values_at if job.run_at is not None else st.values_after)
             params += job.params(cursor.db)
         cursor.execute(st.insert + ", ".join(rows) + st.merge_waiting, params)
+    announce(cursor, {job.queue for job in jobs if job.run_at is not None or not job.delay})
+
+
+def announce(cursor: Any, queue_names: set[str]) -> None:
+    """Wake the workers listening for these queues when the transaction commits: one
+    notification per queue, however many jobs (PostgreSQL; elsewhere workers poll).
+    Jobs pushed with a delay are left to the workers' polls."""
+    statement = db.dialect(cursor.db).notify
+    if statement and queue_names:
+        cursor.execute(statement, (CHANNEL, sorted(queue_names)))
 
 
 def _unique_keys(jobs: Sequence[NewJob]) -> list[list[NewJob]]:

@@ -37,10 +37,11 @@ class Scheduler:
         self._next = 0.0
         self.fired = 0
 
-    def step(self) -> None:
+    def step(self) -> float:
+        """A pass if one is due; the seconds until the next is (0: more ticks are due)."""
         now = time.monotonic()
         if now < self._next:
-            return
+            return self._next - now
         self._next = now + PASS_EVERY
         try:
             if self._leading():
@@ -54,6 +55,7 @@ class Scheduler:
             log.error("scheduler: database error, trying again in %gs: %s", PASS_EVERY, exc)
         except Exception:  # noqa: BLE001 - a schedule the code cannot handle must not stop the worker
             log.exception("scheduler: a pass failed")
+        return max(0.0, self._next - time.monotonic())
 
     def _leading(self) -> bool:
         """Whether this worker leads now: renew the lead when a third of it has gone, or

@@ -40,6 +40,7 @@ from ..schedules.leader import Scheduler
 from . import report
 from .report import BURST_RETRY_WAIT, Stats
 from .threads import Threads, handler_for
+from .wakeup import Wakeup
 
 log = logging.getLogger("leases.tasks.worker")
 
@@ -54,6 +55,9 @@ LIMIT_LOG_EVERY = 30.0
 #: Shortest worker ttl: the heartbeat runs between claims and outcome writes, and one
 #: slow commit must not let a running job's lease lapse.
 MIN_TTL = 1.0
+#: Seconds between polls while a listen connection is up (PostgreSQL): pushes wake the
+#: loop at once, and the polls find jobs that came due later (a delay, a retry).
+LISTENING_POLL = 1.0
 
 
 @dataclass
@@ -65,11 +69,17 @@ class Duty:
     due: float = 0.0
     #: Whether it goes on while the worker stops (the heartbeat must; claiming more must not).
     while_stopping: bool = True
+    #: Whether the call returns the seconds until it is due again (it keeps its own pace).
+    paced: bool = False
 
     def run_if_due(self, now: float, stopping: bool) -> None:
-        if now >= self.due and (self.while_stopping or not stopping):
-            self.call()
-            self.due = now + self.every  # not moved when the call raised: tried again next turn
+        if self.applies(stopping) and now >= self.due:
+            after = self.call()
+            # Not moved when the call raised: tried again next turn.
+            self.due = now + (after if self.paced else self.every)
+
+    def applies(self, stopping: bool) -> bool:
+        return self.while_stopping or not stopping
 
 
 class JobWorker:
@@ -92,6 +102,7 @@ class JobWorker:
         grace: float = 25.0,
         using: str | None = None,
         schedule: bool = False,
+        listen: bool = True,
     ) -> None:
         self.queues = list(queues)
         self.all_queues = self.queues == ["*"]
@@ -123,6 +134,9 @@ class JobWorker:
         #: Takes part in leading the scheduler (leases_worker does unless --no-schedule).
         self.schedule = schedule
         self.scheduler: Scheduler | None = None
+        #: Wake at once on pushes where the database can notify (`wakeup`).
+        self.listen = listen
+        self.wakeup: Wakeup | None = None
 
     @property
     def name(self) -> str:
@@ -177,7 +191,7 @@ class JobWorker:
         ]
         if self.schedule:
             self.scheduler = Scheduler(self.name, self.ttl, self.using)
-            duties.append(Duty(self.scheduler.step, 0.0, while_stopping=False))  # it keeps its own pace
+            duties.append(Duty(self.scheduler.step, 0.0, while_stopping=False, paced=True))
         return duties
 
     def run(self) -> Stats:
@@ -190,6 +204,9 @@ class JobWorker:
             report.unserved(self.name, self.queues, unserved)
         threads = Threads(self.concurrency, self._done)
         duties = self._duties()
+        if self.listen:
+            self.wakeup = Wakeup(self.name, self.using, self.queues, lambda: self._done.put(None))
+            self.wakeup.start()
         try:
             while True:
                 try:
@@ -222,7 +239,7 @@ class JobWorker:
         self._flush(written)
         if self._should_exit(claimed + timed_out + len(written)):
             return True
-        self._flush(self._collect(wait=self._wait_time()))
+        self._flush(self._collect(wait=self._wait_time(duties)))
         return False
 
     def _leave(self) -> None:
@@ -249,22 +266,26 @@ class JobWorker:
             return False
         return time.monotonic() >= self._retries_until
 
-    def _wait_time(self) -> float:
+    def _wait_time(self, duties: list[Duty]) -> float:
         wait = self.poll
+        if self.wakeup is not None and self.wakeup.listening.is_set():
+            wait = max(self.poll, LISTENING_POLL)
         if self.concurrency - len(self.running) <= 0 or self.stopping or self._max_reached():
             wait = max(self.poll, 0.5)  # nothing to claim: wake for outcomes, beats, deadlines
-        deadlines = [job.deadline for job in self.running.values() if job.deadline is not None]
-        if deadlines:
-            wait = min(wait, max(0.0, min(deadlines) - time.monotonic()))
+        # Wake for the next deadline of a job, duty (a heartbeat, a scheduler's pass) or stop.
+        moments = [job.deadline for job in self.running.values() if job.deadline is not None]
+        moments += [duty.due for duty in duties if duty.applies(self.stopping)]
         if self._stop_at is not None:
-            wait = min(wait, max(0.0, self._stop_at - time.monotonic()))
-        return wait
+            moments.append(self._stop_at)
+        return min([wait] + [max(0.0, moment - time.monotonic()) for moment in moments])
 
     def _max_reached(self) -> bool:
         return self.max_jobs is not None and self.stats.claimed >= self.max_jobs
 
     def _shutdown(self, threads: Threads) -> None:
         threads.stop()
+        if self.wakeup is not None:
+            self.wakeup.stop()
         if self.scheduler is not None:
             self.scheduler.stop()
         if self.hold is not None and not self.hold.lost:
@@ -365,7 +386,7 @@ class JobWorker:
         except stdqueue.Empty:
             return found
         while True:
-            if not item.job.abandoned:
+            if item is not None and not item.job.abandoned:  # None: a push woke the loop
                 found.append(item)
                 self.running.pop(item.job.id, None)
             try:

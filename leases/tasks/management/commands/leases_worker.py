@@ -49,7 +49,8 @@ class Command(LeasesCommand):
         parser.add_argument("--database", help="the database alias to serve them on (default: where LEASES_ROUTES "
                                                "sends each queue; * serves every database in use)")
         parser.add_argument("--concurrency", type=int, default=4, help="jobs run at once, in threads (default 4)")
-        parser.add_argument("--poll", default="0.05", help="seconds between polls while idle (default 0.05)")
+        parser.add_argument("--poll", default="0.05", help="seconds between polls while idle (default 0.05; "
+                            "on PostgreSQL pushes wake the worker at once and it polls every second)")
         parser.add_argument("--ttl", default="30", help=f"heartbeat lease in seconds, at least {MIN_TTL:g} (default 30)")
         parser.add_argument("--grace", default="25", help="seconds running jobs get to finish on SIGTERM (default 25)")
         parser.add_argument("--burst", action="store_true", help="exit when nothing is ready (after retries due within a minute)")
@@ -61,6 +62,10 @@ class Command(LeasesCommand):
         parser.add_argument(
             "--log-format", choices=("plain", "json"), default="plain",
             help="plain: timestamped lines (default); json: one JSON object a line, for log shippers",
+        )
+        parser.add_argument(
+            "--no-listen", action="store_true",
+            help="on PostgreSQL, poll only: do not LISTEN for pushes (which wake the worker at once)",
         )
         parser.add_argument(
             "--no-schedule", action="store_true",
@@ -92,6 +97,7 @@ class Command(LeasesCommand):
                 using=alias,
                 # Schedules live on LEASES_DATABASE: its worker takes part in firing them.
                 schedule=not options["no_schedule"] and alias == db.alias(),
+                listen=not options["no_listen"],
             )
             for alias, queues in by_database(names, options["database"]).items()
         ]
