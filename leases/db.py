@@ -85,6 +85,9 @@ class Dialect:
     #: Tells listeners of a channel (first parameter) each payload of a list (the second)
     #: when the transaction commits; "" where the database has no notifications.
     notify: str = ""
+    #: Whether a push writes its rows as one array per column (`insert_arrays`) rather
+    #: than a VALUES group per row.
+    arrays: bool = False
 
 
 _MYSQL = Dialect(
@@ -134,6 +137,7 @@ _POSTGRES = Dialect(
     steps="FLOOR(EXTRACT(EPOCH FROM ({col} - %s)) / %s)",
     returning=" RETURNING id",
     notify="SELECT pg_notify(%s, payload) FROM unnest(%s::text[]) AS payload",
+    arrays=True,
 )
 
 DIALECTS = {"mysql": _MYSQL, "sqlite": _SQLITE, "postgresql": _POSTGRES}

@@ -37,6 +37,21 @@ JOBS = {
         "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, {later}, {job.ready}, 0, 0, 1, '', {now})"
     ),
     "values_at": "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, {job.ready}, 0, 0, 1, '', {now})",
+    # PostgreSQL's push (its dialect's `arrays`): one array per column, so the statement's
+    # text is the same for any number of jobs and is parsed once by the driver and the
+    # server (1,000 rows of 14 placeholders cost psycopg more to parse than the server to
+    # write). params, one list each: queue, name, backend, on_finish, payload, key,
+    # priority, limit key, concurrency, rate, max_attempts, traceparent, run time (None:
+    # after the delay), delay in microseconds
+    "insert_arrays": (
+        "INSERT INTO {j} (queue, name, backend, on_finish, payload, dedupe_key, pending_key, priority,"
+        " limit_key, concurrency, rate, max_attempts, traceparent, run_at, status, attempt, claims, pushes,"
+        " worker, enqueued_at) SELECT q, n, b, f, p, k, k, pr, lk, c, r, ma, tp,"
+        " COALESCE(t.at, {now} + t.delay * INTERVAL '1 microsecond'), {job.ready}, 0, 0, 1, '', {now}"
+        " FROM unnest(%s::varchar[], %s::varchar[], %s::varchar[], %s::varchar[], %s::jsonb[], %s::varchar[],"
+        " %s::smallint[], %s::varchar[], %s::int[], %s::varchar[], %s::int[], %s::varchar[], %s::timestamptz[],"
+        " %s::bigint[]) AS t(q, n, b, f, p, k, pr, lk, c, r, ma, tp, at, delay)"
+    ),
     # A waiting job with the same key takes the new run time and priority (the latest
     # push says what is wanted now), keeps its name and payload, and counts the push.
     "merge_waiting": (

@@ -413,3 +413,29 @@ def test_a_claim_looks_up_its_own_jobs_only_after_one_that_may_have_committed_un
     found = w.claim(2)
     assert mine in sent and len(found) == 2 and not w._claim_unsure
     assert {job.claims for job in found} == {1}
+
+
+def test_push_many_stores_every_field_of_every_job():
+    """One batch of every kind of job (PostgreSQL writes it as one array per column):
+    delays, a run time, limits, NULLs, text that needs quoting, and a key met twice."""
+    at = db_now() + timedelta(seconds=90)
+    odd = 'quote " backslash \\ braces {a,b} comma, NULL é ☃'
+    items = [
+        ("noop", {"n": 1}, {"delay": 30, "priority": 5}),
+        ("noop", {"n": 2}, {"run_at": at, "key": "k2"}),
+        ("noop", {"n": 3}, {"limit_key": "site", "concurrency": 2, "rate": "5/s", "max_attempts": 4}),
+        ("noop", {"n": 4}, {"queue": "other"}),
+        ("noop", {"n": 5, "s": odd}, {}),
+        ("noop", {"n": 6}, {"key": "k2", "priority": 9}),  # merges into n=2: the latest run time wins
+    ]
+    before = db_now()
+    assert push_many(items) == 6
+    jobs = {job.payload["n"]: job for job in Job.objects.all()}
+    assert sorted(jobs) == [1, 2, 3, 4, 5]
+    assert jobs[1].priority == 5 and timedelta(seconds=29) < jobs[1].run_at - before < timedelta(seconds=31)
+    assert (jobs[2].key, jobs[2].pushes, jobs[2].priority) == ("k2", 2, 9)
+    assert jobs[2].run_at - before < timedelta(seconds=5)
+    assert (jobs[3].limit_key, jobs[3].concurrency, jobs[3].rate, jobs[3].max_attempts) == ("site", 2, "5/s", 4)
+    assert jobs[1].concurrency is None and jobs[1].limit_key == "" and jobs[1].traceparent is None
+    assert (jobs[4].queue, jobs[5].payload["s"]) == ("other", odd)
+    assert {job.status for job in jobs.values()} == {Job.READY}

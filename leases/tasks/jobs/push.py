@@ -100,6 +100,13 @@ class NewJob:
             return head + [db.dialect(connection).stored_datetime(self.run_at)]
         return head + [db.dialect(connection).seconds(self.delay)]
 
+    def columns(self, connection: Any) -> tuple:
+        """Its values for `insert_arrays`: a run time, or None and the delay."""
+        at = None if self.run_at is None else db.dialect(connection).stored_datetime(self.run_at)
+        return (self.queue, self.name, self.backend, self.on_finish, self.payload, self.key, self.priority,
+                self.limit_key, self.concurrency, self.rate, self.max_attempts, self.traceparent, at,
+                db.dialect(connection).seconds(self.delay))
+
 
 def new_job(
     name: str,
@@ -164,9 +171,14 @@ def new_job(
 def write(cursor: Any, jobs: Sequence[NewJob]) -> None:
     """Write `jobs` with one upsert on the caller's cursor, in its transaction; a key met
     twice starts another upsert, since PostgreSQL refuses to merge into one row twice in
-    one statement (MySQL and SQLite merge in order, which is what the split keeps)."""
+    one statement (MySQL and SQLite merge in order, which is what the split keeps). Rows
+    go as VALUES groups, or on PostgreSQL as one array per column (`insert_arrays`)."""
     st = sql.jobs(cursor.db)
     for batch in _unique_keys(jobs):
+        if db.dialect(cursor.db).arrays and len(batch) > 1:  # one row: VALUES costs less
+            columns = [list(values) for values in zip(*(job.columns(cursor.db) for job in batch))]
+            cursor.execute(st.insert_arrays + st.merge_waiting, columns)
+            continue
         params: list = []
         rows = []
         for job in batch:
