@@ -16,11 +16,12 @@ from project.createdb import create_database
 
 def databases(name: str) -> dict[str, str]:
     """The bench `name`'s own databases, never the project's: it fills and empties tables."""
-    return {"mariadb": f"mysql://root@127.0.0.1:3306/bench_{name}", "sqlite": f"sqlite:////tmp/bench_{name}/db.sqlite3"}
+    return {"mariadb": f"mysql://root@127.0.0.1:3306/bench_{name}", "sqlite": f"sqlite:////tmp/bench_{name}/db.sqlite3",
+            "postgres": f"postgres://postgres@127.0.0.1:5432/bench_{name}"}
 
 
 def setup(name: str, choice: str | None) -> None:
-    """Point DATABASE_URL at the bench's database (`choice`: mariadb, sqlite or a URL;
+    """Point DATABASE_URL at the bench's database (`choice`: mariadb, postgres, sqlite or a URL;
     None for mariadb), create it if missing, and set Django up."""
     import django
 
@@ -61,7 +62,8 @@ def raw_connect(with_db: bool = True) -> Any:
 
 
 def database_version(flush: bool = True) -> str:
-    """"MariaDB 10.11.19-...", with its commit policy (a log flush per commit or not)."""
+    """"MariaDB 10.11.19-..." or "PostgreSQL 15.19 ...", with its commit policy (a log
+    flush per commit or not)."""
     from django.db import connections
 
     conn = connections["default"]
@@ -69,6 +71,11 @@ def database_version(flush: bool = True) -> str:
         import sqlite3
 
         return f"SQLite {sqlite3.sqlite_version}"
+    if conn.vendor == "postgresql":
+        with conn.cursor() as cur:
+            cur.execute("SELECT current_setting('server_version'), current_setting('synchronous_commit')")
+            version, policy = cur.fetchone()
+        return f"PostgreSQL {version}, synchronous_commit={policy}" if flush else f"PostgreSQL {version}"
     with conn.cursor() as cur:
         cur.execute("SELECT VERSION(), @@innodb_flush_log_at_trx_commit")
         version, policy = cur.fetchone()

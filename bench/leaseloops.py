@@ -73,6 +73,27 @@ RAW_SQL = {
             " holder = '' WHERE id = ? AND token = ? AND holder = ?"
         ),
     },
+    "postgresql": {
+        "candidates": (
+            "SELECT id, token, name, data, statement_timestamp() FROM \"leases_resource\""
+            " WHERE pool = %s AND busy_before <= statement_timestamp() ORDER BY busy_before LIMIT %s"
+        ),
+        "candidates_old": (
+            "SELECT id, token, name, data, statement_timestamp() FROM \"leases_resource\""
+            " WHERE pool = %s AND busy_before <= statement_timestamp() ORDER BY random() LIMIT %s"
+        ),
+        "claim": (
+            "UPDATE \"leases_resource\" SET"
+            " busy_before = (statement_timestamp() + %s * INTERVAL '1 microsecond'), holder = %s,"
+            " token = token + 1, acquired_at = statement_timestamp(), renewed_at = statement_timestamp(),"
+            " quarantined_until = NULL, quarantine_reason = ''"
+            " WHERE id = %s AND token = %s AND busy_before <= statement_timestamp()"
+        ),
+        "release": (
+            "UPDATE \"leases_resource\" SET busy_before = statement_timestamp(), holder = ''"
+            " WHERE id = %s AND token = %s AND holder = %s"
+        ),
+    },
 }
 
 
@@ -82,7 +103,7 @@ def vendor() -> str:
 
 def ttl_param(vendor_: str, seconds: float):
     """The parameter of the `later` fragment, as leases.db's dialects build it."""
-    return int(round(seconds * 1_000_000)) if vendor_ == "mysql" else f"{seconds:+.3f} seconds"
+    return f"{seconds:+.3f} seconds" if vendor_ == "sqlite" else int(round(seconds * 1_000_000))
 
 
 def raw_connect(vendor_: str):
@@ -112,6 +133,11 @@ def raw_connect(vendor_: str):
             cur.execute(f"SET SESSION TRANSACTION ISOLATION LEVEL {isolation.upper()}")
             cur.close()
         return conn
+    if vendor_ == "postgresql":
+        import psycopg
+
+        return psycopg.connect(dbname=cfg["NAME"], user=cfg["USER"], password=cfg.get("PASSWORD") or None,
+                               host=cfg.get("HOST") or None, port=cfg.get("PORT") or None, autocommit=True)
     import sqlite3
 
     options = dict(cfg.get("OPTIONS", {}))

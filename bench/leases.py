@@ -11,8 +11,8 @@ then runs them together for a fixed time. A pair is one acquisition and its rele
 * raw: the protocol's three statements (candidates SELECT of the few rows free longest,
   tried in random order; conditional claim UPDATE on the token read, trying the next
   candidate when it loses; release UPDATE by id/token/holder) on a raw DB-API
-  connection: MySQLdb with FOUND_ROWS and autocommit, or sqlite3 with the project's busy
-  timeout and WAL;
+  connection: MySQLdb with FOUND_ROWS and autocommit, psycopg 3 in autocommit, or sqlite3
+  with the project's busy timeout and WAL;
 * old (pool-size axis only): the raw loop with the first design's candidates, every free
   row sorted by RAND(), beside the others at the sizes where it finishes.
 
@@ -87,6 +87,11 @@ def commit_policy() -> str:
             cur.execute("PRAGMA synchronous")
             sync = {0: "OFF", 1: "NORMAL", 2: "FULL", 3: "EXTRA"}.get(cur.fetchone()[0], "?")
         return f"journal_mode={mode}, synchronous={sync}"
+    if conn.vendor == "postgresql":
+        with conn.cursor() as cur:
+            cur.execute("SELECT current_setting('synchronous_commit'), current_setting('fsync')")
+            sync, fsync = cur.fetchone()
+        return f"synchronous_commit={sync}, fsync={fsync}"
     with conn.cursor() as cur:
         cur.execute("SELECT @@innodb_flush_log_at_trx_commit")
         flush = cur.fetchone()[0]
@@ -151,7 +156,7 @@ def check_database() -> str:
     call_command("migrate", verbosity=0, interactive=False)
     vendor_ = vendor()
     if vendor_ not in RAW_SQL:
-        raise SystemExit(f"no raw SQL for {vendor_!r}: use a mysql:// or sqlite:/// DATABASE_URL")
+        raise SystemExit(f"no raw SQL for {vendor_!r}: use a mysql://, postgres:// or sqlite:/// DATABASE_URL")
     assert Resource._meta.db_table == "leases_resource", "the raw statements name the table"
     return vendor_
 

@@ -1,6 +1,6 @@
 """The pipeline engine's rates and delays beside the plain job queue's, in one run.
 
-    python bench/pipelines.py [--database mariadb|sqlite|URL] [--quick] [--runs 500] [--repeat 2]
+    python bench/pipelines.py [--database mariadb|postgres|sqlite|URL] [--quick] [--runs 500] [--repeat 2]
 
 * throughput: R runs of a pipeline of 3 parallel stages x 4 no-op tasks, started before
   the clock starts (so each run's first stage waits in the queue), then drained by 2
@@ -62,7 +62,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--database", default="mariadb",
-                        help=f"mariadb, sqlite, or a DATABASE_URL (default mariadb: {databases('pipelines')['mariadb']})")
+                        help=f"mariadb, postgres, sqlite, or a DATABASE_URL (default mariadb: {databases('pipelines')['mariadb']})")
     parser.add_argument("--quick", action="store_true", help="a short smoke run (small counts, one repeat)")
     parser.add_argument("--runs", type=int, default=None, help="runs of 3 x 4 tasks per pipeline drain (500)")
     parser.add_argument("--procs", type=int, default=2, help="worker processes (2)")
@@ -137,7 +137,7 @@ def fan_pipeline(max_parallel: int | None) -> Pipeline:
 
 
 def vendor() -> str:
-    """mysql or sqlite: the purge's chunked DELETE differs."""
+    """mysql, postgresql or sqlite: the purge's chunked DELETE differs on MySQL."""
     return connections["default"].vendor
 
 
@@ -512,8 +512,8 @@ def main() -> None:
     procs, threads = args.procs, args.concurrency
 
     call_command("migrate", verbosity=0, interactive=False)
-    if vendor() not in ("mysql", "sqlite"):
-        raise SystemExit("use a mysql:// or sqlite:/// DATABASE_URL")
+    if vendor() not in ("mysql", "postgresql", "sqlite"):
+        raise SystemExit("use a mysql://, postgres:// or sqlite:/// DATABASE_URL")
     Queue.objects.get_or_create(name=QUEUE)
     jobqueue.forget_settings()
     version = database_version()

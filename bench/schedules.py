@@ -1,6 +1,6 @@
 """The scheduler's cost: many schedules due at the same instant, fired by the leader.
 
-    python bench/schedules.py [--database mariadb|sqlite|URL] [--schedules 10000] [--ticks 2] [--quick]
+    python bench/schedules.py [--database mariadb|postgres|sqlite|URL] [--schedules 10000] [--ticks 2] [--quick]
 
 N schedules of a no-op handler, every 60 s, all due at the same instant (the worst case
 of N schedules "every minute"), are made with one bulk insert. The leader's loop then
@@ -37,7 +37,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--database", default="mariadb", help="mariadb, sqlite, or a DATABASE_URL")
+    parser.add_argument("--database", default="mariadb", help="mariadb, postgres, sqlite, or a DATABASE_URL")
     parser.add_argument("--schedules", type=int, default=10_000, help="schedules due at once (10000)")
     parser.add_argument("--ticks", type=int, default=2, help="minutes to run the leader (2)")
     parser.add_argument("--quick", action="store_true", help="1,000 schedules, one tick")
