@@ -3,15 +3,17 @@
     python bench/peers.py [--quick] [--jobs 20000] [--concurrency 4,16,32] [--pickup-jobs 200]
 
 Both sides do the same work on databases of their own on the same server: ours in
-``bench_peers`` (migrated), Procrastinate's in ``bench_procrastinate`` (its schema).
+``bench_peers`` (migrated; its table emptied and vacuumed before each measurement),
+Procrastinate's in ``bench_procrastinate`` (its schema made anew for each measurement).
 Procrastinate runs from its own environment, ``bench/.peers/procrastinate``, made on first
 use from requirements-procrastinate.txt; bench/peer_procrastinate.py is its side.
 
 * enqueue: one job per call (``push`` / ``defer``), then 1000 per call (``push_many`` /
   ``batch_defer``), one process;
-* drain: N no-op jobs preloaded, then 2 worker processes until the queue is empty (ours:
-  ``JobWorker(burst=True)``; theirs: ``run_worker(wait=False)`` with an async no-op task),
-  at each concurrency; jobs/s = N / wall time, and the best concurrency of each counts;
+* drain: N no-op jobs preloaded (N/10, then N), then 2 worker processes until the queue
+  is empty (ours: ``JobWorker(burst=True)``; theirs: ``run_worker(wait=False)`` with an
+  async no-op task), at each concurrency; jobs/s = N / wall time, and the best
+  concurrency of each at N counts;
 * pickup: one idle worker, jobs pushed one at a time 10 to 50 ms apart; latency is the
   push's time to the claim's, both stamped by the server's clock. Ours listening (the
   default on PostgreSQL), ours polling every 50 ms (``listen=False``), theirs listening.
@@ -51,7 +53,7 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--server", default=SERVER, help=f"the PostgreSQL server, as a URL without database ({SERVER})")
     parser.add_argument("--quick", action="store_true", help="a short smoke run (small counts)")
-    parser.add_argument("--jobs", type=int, default=None, help="jobs per drain run (20000)")
+    parser.add_argument("--jobs", type=int, default=None, help="jobs per drain run, after runs of a tenth (20000)")
     parser.add_argument("--concurrency", default="4,16,32", help="worker concurrencies to try (4,16,32)")
     parser.add_argument("--pickup-jobs", type=int, default=None, help="jobs of each pickup run (200)")
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
@@ -81,12 +83,15 @@ def noop(payload: Any) -> None:
 
 
 def peer_python() -> Path:
-    """Procrastinate's interpreter, its environment made on first use."""
-    python = PEER_ENV / "bin" / "python"
-    if not python.exists():
-        print(f"making {PEER_ENV} (procrastinate, from {PEER_REQUIREMENTS.name})", flush=True)
+    """Procrastinate's interpreter, its environment made on first use and brought up to
+    date when requirements-procrastinate.txt changes."""
+    python, installed = PEER_ENV / "bin" / "python", PEER_ENV / PEER_REQUIREMENTS.name
+    wanted = PEER_REQUIREMENTS.read_text()
+    if not python.exists() or not installed.exists() or installed.read_text() != wanted:
+        print(f"installing {PEER_REQUIREMENTS.name} in {PEER_ENV}", flush=True)
         subprocess.run([sys.executable, "-m", "venv", str(PEER_ENV)], check=True)
         subprocess.run([str(python), "-m", "pip", "install", "-q", "-r", str(PEER_REQUIREMENTS)], check=True)
+        installed.write_text(wanted)
     return python
 
 
@@ -198,6 +203,7 @@ def main() -> None:
     args = ARGS
     logging.getLogger("leases").setLevel(logging.ERROR)  # a line per job would time the terminal
     jobs = args.jobs or (2000 if args.quick else 20000)
+    shallow = max(100, jobs // 10)  # how the rate depends on the backlog
     pickup_jobs = args.pickup_jobs or (40 if args.quick else 200)
     single, bulk = (300, 5000) if args.quick else (2000, 20000)
     concurrencies = [int(c) for c in args.concurrency.split(",")]
@@ -216,15 +222,16 @@ def main() -> None:
         mine, peer = report["enqueue"]["ours"][kind], report["enqueue"]["theirs"][kind]
         print(f"  {kind:<6}  ours {mine:>8,.0f}  theirs {peer:>8,.0f}  ratio {mine / peer:5.1f}x", flush=True)
 
-    print(f"\ndrain of {jobs:,} no-op jobs, 2 worker processes, jobs/s")
     report["drain"] = []
-    for concurrency in concurrencies:
-        mine, peer = drain(jobs, 2, concurrency), theirs(url, "drain", jobs, 2, concurrency)
-        report["drain"].append({"concurrency": concurrency, "ours": mine, "theirs": peer})
-        print(f"  concurrency {concurrency:>2}  ours {mine['rate']:>7,.0f}  theirs {peer['rate']:>7,.0f}", flush=True)
-    best_mine = max(row["ours"]["rate"] for row in report["drain"])
-    best_peer = max(row["theirs"]["rate"] for row in report["drain"])
-    print(f"  best: ours {best_mine:,.0f}, theirs {best_peer:,.0f}: {best_mine / best_peer:.1f}x")
+    for depth in [shallow, jobs]:
+        print(f"\ndrain of {depth:,} no-op jobs, 2 worker processes, jobs/s")
+        for concurrency in concurrencies:
+            mine, peer = drain(depth, 2, concurrency), theirs(url, "drain", depth, 2, concurrency)
+            report["drain"].append({"jobs": depth, "concurrency": concurrency, "ours": mine, "theirs": peer})
+            print(f"  concurrency {concurrency:>2}  ours {mine['rate']:>7,.0f}  theirs {peer['rate']:>7,.0f}", flush=True)
+    best_mine = max(row["ours"]["rate"] for row in report["drain"] if row["jobs"] == jobs)
+    best_peer = max(row["theirs"]["rate"] for row in report["drain"] if row["jobs"] == jobs)
+    print(f"  best of {jobs:,}: ours {best_mine:,.0f}, theirs {best_peer:,.0f}: {best_mine / best_peer:.1f}x")
 
     print(f"\npickup latency, {pickup_jobs} jobs pushed one at a time to an idle worker (server clock)")
     report["pickup"] = {"ours, LISTEN/NOTIFY": pickup(pickup_jobs, True),
