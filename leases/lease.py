@@ -271,7 +271,10 @@ def release_within(hold: Hold, seconds: float, cooldown: float | None = None) ->
     False when it was no longer ours or has run out; TimeoutError when the database did
     not answer in time; the database's own error when it failed.
     """
-    left = hold.remaining()  # 0 once lost or released
+    # Not remaining(), which reads 0 as soon as another thread has begun to release it: a
+    # caller that returned at once could end its process before that release was sent.
+    # The helper below waits for it on Hold._lock instead.
+    left = 0.0 if hold.lost else hold._deadline - time.monotonic()
     if left <= 0:
         return False
     wait = max(0.0, min(seconds, left))

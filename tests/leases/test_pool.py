@@ -463,6 +463,27 @@ def test_release_within_gives_up_while_a_renewal_holds_the_lease(pool):
     assert lease.released and release_within(lease, 5) is False
 
 
+def test_a_second_release_within_waits_for_the_first_to_reach_the_database(pool, monkeypatch):
+    """A holder ended by two threads at once (the demo's crawler: its watcher and its main
+    thread) releases twice; the second call returned at once, its process exited, and the
+    first release, still on its way, was never sent: the demo found proxies held after
+    every crawler had stopped politely."""
+    lease = pool.acquire(ttl=30)
+    run = db.run
+
+    def slow(*args, **kwargs):
+        time.sleep(0.5)
+        return run(*args, **kwargs)
+
+    monkeypatch.setattr(db, "run", slow)
+    first = threading.Thread(target=release_within, args=(lease, 5))
+    first.start()
+    time.sleep(0.1)  # the first release holds the lease's lock, its statement not yet sent
+    assert lease.released and release_within(lease, 5) is False
+    assert row("a").holder == "", "returned before the release reached the database"
+    first.join()
+
+
 def test_release_within_sends_nothing_for_a_lease_that_ran_out_locally(pool, monkeypatch):
     lease = pool.acquire(ttl=30)
     monkeypatch.setattr(lease, "_deadline", time.monotonic() - 1)
