@@ -166,21 +166,15 @@ class Config:
 
 def setup_django(database_url: str | None) -> None:
     """Make the leases models usable: a process with no Django project is set up on
-    `database_url`; one that has a project is only set up if it has not been yet."""
-    from django.apps import apps
+    `database_url`; one that has a project keeps it (`leases.configure` decides)."""
     from django.conf import settings
     from django.core.exceptions import ImproperlyConfigured
 
-    if not settings.configured and not os.environ.get("DJANGO_SETTINGS_MODULE"):
-        if not database_url:
-            raise ImproperlyConfigured("leases.contrib.scrapy: set LEASES_DATABASE_URL (or configure Django)")
-        from ..setup import configure
+    from ..setup import configure
 
-        configure(database_url=database_url)
-    if not apps.ready:
-        import django
-
-        django.setup()
+    if not database_url and not settings.configured and not os.environ.get("DJANGO_SETTINGS_MODULE"):
+        raise ImproperlyConfigured("leases.contrib.scrapy: set LEASES_DATABASE_URL (or configure Django)")
+    configure(database_url=database_url or "")
 
 
 def build(path: str, crawler: Crawler) -> Any:

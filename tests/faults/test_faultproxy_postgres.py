@@ -1,7 +1,7 @@
 """The fault proxy speaks PostgreSQL's protocol: it relays sessions, and its faults land.
 
-Clients are raw psycopg 3 connections through the proxy (the product does not run on
-PostgreSQL yet, so Django's ORM has no part here); what the server really did is checked
+Clients are raw psycopg 3 connections through the proxy (the proxy is tested apart from
+the product, which test_faults.py runs through it); what the server really did is checked
 through a direct connection, to a scratch database this module creates and drops. Without
 psycopg, or without a PostgreSQL server at 127.0.0.1:5432, those tests skip; the parser's
 own tests need neither.

@@ -24,18 +24,10 @@ def proxies():
 
 
 @pytest.fixture
-def threads():
-    made: list[ResourceThread] = []
-
-    def make(cls=ResourceThread, **options):
-        options = {"pool": "proxies", "ttl": 1.0, "interval": 0.25, **options}
-        thread = cls(**options)
-        made.append(thread)
-        return thread
-
-    yield make
-    for thread in made:
-        thread.terminate()
+def threads(resource_threads):
+    """Holder threads of the proxies pool with a short ttl."""
+    return lambda cls=ResourceThread, **options: resource_threads(
+        cls, **{"pool": "proxies", "ttl": 1.0, "interval": 0.25, **options})
 
 
 def row(name: str) -> Resource:

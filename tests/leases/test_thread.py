@@ -42,17 +42,8 @@ def accounts():
 
 
 @pytest.fixture
-def crawler():
-    threads = []
-
-    def make(**kwargs):
-        thread = Crawler(**kwargs)
-        threads.append(thread)
-        return thread
-
-    yield make
-    for thread in threads:
-        thread.terminate()
+def crawler(resource_threads):
+    return lambda **kwargs: resource_threads(Crawler, **kwargs)
 
 
 def test_start_acquires_and_the_heartbeat_keeps_the_lease(accounts, crawler):
