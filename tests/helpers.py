@@ -1,5 +1,6 @@
 """Helpers the tests of several folders share: reading an admin page's table, the lines
-handlers log, a child process that reports on stdout and takes commands on stdin."""
+handlers log, a child process that reports on stdout and takes commands on stdin, how
+long a pushed job waited for a worker."""
 from __future__ import annotations
 
 import json
@@ -86,3 +87,14 @@ class Child:
 
     def log(self) -> str:
         return "".join(self.lines)
+
+
+def pickup_seconds(job_id: int, timeout: float = 20) -> float:
+    """Seconds from the job's push to its claim, both read off the database's clock, once
+    a worker has started it."""
+    from leases.tasks.models import Job
+    from tests.conftest import wait_for
+
+    job = wait_for(lambda: Job.objects.filter(pk=job_id, started_at__isnull=False).first(), timeout,
+                   "the job to start")
+    return (job.started_at - job.enqueued_at).total_seconds()

@@ -11,8 +11,8 @@ from django.db import connection
 
 import tests.jobs  # noqa: F401 - registers noop
 from leases.tasks import push
-from leases.tasks.models import Job
 from tests.conftest import wait_for
+from tests.helpers import pickup_seconds
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -23,18 +23,12 @@ pytestmark = [
 LISTENING = "listening for pushes (LISTEN"
 
 
-def pickup(job_id: int) -> float:
-    """Seconds from the push to the claim, both read off the database's clock."""
-    job = wait_for(lambda: Job.objects.filter(pk=job_id, started_at__isnull=False).first(), 20, "the job to start")
-    return (job.started_at - job.enqueued_at).total_seconds()
-
-
 def pickups(count: int) -> list[float]:
     """Push `count` jobs one by one at random moments; how long each waited."""
     seconds = []
     for n in range(count):
         time.sleep(random.uniform(0.1, 0.6))
-        seconds.append(pickup(push("noop", {"n": n}).pk))
+        seconds.append(pickup_seconds(push("noop", {"n": n}).pk))
     return seconds
 
 
@@ -49,5 +43,5 @@ def test_a_push_wakes_the_worker_at_once(workers):
 def test_a_worker_told_not_to_listen_polls(workers):
     proc = workers.start("--queue", "default", "--poll", "0.2", "--no-listen")
     wait_for(lambda: "started" in workers.stderr(proc), 20, "the worker to start")
-    assert pickup(push("noop", {"n": 1}).pk) < 5
+    assert pickup_seconds(push("noop", {"n": 1}).pk) < 5
     assert LISTENING not in workers.stderr(proc)

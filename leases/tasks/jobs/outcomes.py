@@ -122,7 +122,7 @@ def write_outcomes(outcomes: list[Outcome], worker: str, grace: float, using: st
             follow_ups(cursor, ended)
             limits.free_slots(cursor, [o.job.limits for o in outcomes if o.job.limit_key], using)
             # A freed slot may let another worker's waiting job of the same key run now.
-            announce(cursor, {o.job.queue for o in outcomes if o.job.limit_key and o.job.concurrency})
+            announce(cursor, (o.job.queue for o in outcomes if o.job.limit_key and o.job.concurrency))
 
     db.run(work, using)
     return written

@@ -185,16 +185,18 @@ def write(cursor: Any, jobs: Sequence[NewJob]) -> None:
             rows.append(st.values_at if job.run_at is not None else st.values_after)
             params += job.params(cursor.db)
         cursor.execute(st.insert + ", ".join(rows) + st.merge_waiting, params)
-    announce(cursor, {job.queue for job in jobs if job.run_at is not None or not job.delay})
+    announce(cursor, (job.queue for job in jobs if job.run_at is not None or not job.delay))
 
 
-def announce(cursor: Any, queue_names: set[str]) -> None:
+def announce(cursor: Any, queue_names: Iterable[str]) -> None:
     """Wake the workers listening for these queues when the transaction commits: one
-    notification per queue, however many jobs (PostgreSQL; elsewhere workers poll).
-    Jobs pushed with a delay are left to the workers' polls."""
+    notification per queue, however many jobs (PostgreSQL; elsewhere workers poll, and
+    `queue_names`, a generator at the callers, is never run through). Jobs pushed with a
+    delay are left to the workers' polls."""
     statement = db.dialect(cursor.db).notify
-    if statement and queue_names:
-        cursor.execute(statement, (CHANNEL, sorted(queue_names)))
+    names = sorted(set(queue_names)) if statement else []
+    if names:
+        cursor.execute(statement, (CHANNEL, names))
 
 
 def _unique_keys(jobs: Sequence[NewJob]) -> list[list[NewJob]]:
