@@ -130,6 +130,10 @@ class JobWorker:
         self._claim_unsure = False
         #: When a --burst worker may leave: its own retries due soon have run by then.
         self._retries_until = 0.0
+        #: The last claim got all it asked for: more may be due, so the next turn claims
+        #: at once instead of waiting for a poll or a notification (they are for an
+        #: empty queue: a drain pushes nothing, so no notification would come).
+        self._claimed_full = False
         self._next_limit_log = 0.0
         #: Takes part in leading the scheduler (leases_worker does unless --no-schedule).
         self.schedule = schedule
@@ -267,10 +271,13 @@ class JobWorker:
         return time.monotonic() >= self._retries_until
 
     def _wait_time(self, duties: list[Duty]) -> float:
+        free = self.concurrency - len(self.running)
+        if self._claimed_full and free > 0 and not self.stopping and not self._max_reached():
+            return 0.0
         wait = self.poll
         if self.wakeup is not None and self.wakeup.listening.is_set():
             wait = max(self.poll, LISTENING_POLL)
-        if self.concurrency - len(self.running) <= 0 or self.stopping or self._max_reached():
+        if free <= 0 or self.stopping or self._max_reached():
             wait = max(self.poll, 0.5)  # nothing to claim: wake for outcomes, beats, deadlines
         # Wake for the next deadline of a job, duty (a heartbeat, a scheduler's pass) or stop.
         moments = [job.deadline for job in self.running.values() if job.deadline is not None]
@@ -343,6 +350,7 @@ class JobWorker:
         if free <= 0:
             return 0
         jobs = self.claim(free)
+        self._claimed_full = len(jobs) >= free
         now = time.monotonic()
         for job in jobs:
             try:
