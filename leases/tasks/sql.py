@@ -244,16 +244,24 @@ LIMITS = {
     # Which of these keys hold blocked jobs. Completed with keys, "by_key".
     "blocked_per_key": "SELECT limit_key, COUNT(*) FROM {j} WHERE status = {job.blocked} AND limit_key IN (",
     "by_key": " GROUP BY limit_key",
-    # The key's ready jobs leave the claim, but for those being taken. params: key, then ids
-    "block": "UPDATE {j} SET status = {job.blocked} WHERE limit_key = %s AND status = {job.ready} AND id NOT IN (",
-    # ... or wait, ready, until the window has room. params: run time, key, run time, then ids
-    "delay": (
-        "UPDATE {j} SET run_at = %s WHERE limit_key = %s AND status = {job.ready} AND run_at < %s AND id NOT IN ("
+    # Under a key's lock no statement waits for a job row (a claim holds the rows it
+    # picked, SKIP LOCKED, while it waits for the key: waiting for them back would be a
+    # deadlock). So what a decision holds back is read first, skipping rows another
+    # transaction holds (a claim that decides about them once it has the key), then
+    # written by id. The key's ready jobs in claim order. params: key, how many
+    "holdable": (
+        "SELECT id FROM {j} WHERE limit_key = %s AND status = {job.ready} ORDER BY priority DESC, run_at, id"
+        " LIMIT %s{skip_locked}"
     ),
-    # The key's blocked jobs in claim order. params: key, how many
+    # They leave the claim (concurrency). Completed with ids.
+    "block": "UPDATE {j} SET status = {job.blocked} WHERE status = {job.ready} AND id IN (",
+    # ... or wait, ready, until the window has room (rate). params: run time, run time, then ids
+    "delay": "UPDATE {j} SET run_at = %s WHERE status = {job.ready} AND run_at < %s AND id IN (",
+    # The key's blocked jobs in claim order, but those another transaction holds (a
+    # cancel, a merging push): the periodic pass unblocks them later. params: key, how many
     "next_blocked": (
         "SELECT id FROM {j} WHERE limit_key = %s AND status = {job.blocked} ORDER BY priority DESC, run_at, id"
-        " LIMIT %s"
+        " LIMIT %s{skip_locked}"
     ),
     "unblock": "UPDATE {j} SET status = {job.ready} WHERE status = {job.blocked} AND id IN (",
     # Keys with blocked jobs, and how many. (A pass over blocked rows only.)

@@ -10,6 +10,7 @@ import time
 from datetime import timedelta
 
 import pytest
+from django.db import connection
 
 import tests.jobs  # noqa: F401 - registers "limited", "rated", "noop" and the limit.* handlers
 import tests.pipes as pipes
@@ -165,3 +166,25 @@ def test_a_handlers_rate_holds_for_pipelines_schedules_and_django_tasks(workers,
     stopped(workers, procs)
     spaced("limit.rated", 10, 2)  # the fan's five and the schedule's five share the key "rated"
     spaced("tests.tasks_demo.rated_per_site", 5, 2)
+
+
+def test_claims_of_one_key_take_its_row_before_its_jobs_and_never_deadlock(workers, tmp_path):
+    """Two idle workers, then six jobs of one key (two at a time) pushed at once: each
+    claim locked the rows it picked, then the key's row, then blocked the key's other jobs,
+    some held by the other claim, which waited for the key: a deadlock, found by PostgreSQL
+    after its deadlock_timeout (the first job started a second late) and retried. A new key
+    (its row inserted by the claim) and a known one, four times each."""
+    procs = [workers.start("--queue", "default", "--concurrency", "4", "--poll", "0.02") for _ in range(2)]
+    wait_for(lambda: all("started" in workers.stderr(proc) for proc in procs), 30, "the workers to start")
+    time.sleep(1.5)  # idle, past their first polls (and listening, on PostgreSQL)
+    firsts = []
+    for round_ in range(8):
+        key = f"k{round_ % 4}"
+        push_many([("limited", {"key": key, "n": n, "seconds": 0.05}) for n in range(6)])
+        wait_for(lambda: Job.objects.filter(limit_key=key, status=Job.SUCCEEDED).count() == 6, 30, f"key {key}")
+        jobs = Job.objects.filter(limit_key=key, status=Job.SUCCEEDED).order_by("-enqueued_at")[:6]
+        firsts.append(min((job.started_at - job.enqueued_at).total_seconds() for job in jobs))
+    stopped(workers, procs)
+    logs = "".join(workers.stderr(proc) for proc in procs)
+    assert "deadlock" not in logs, logs
+    assert max(firsts) < (0.1 if connection.vendor == "postgresql" else 0.3), firsts

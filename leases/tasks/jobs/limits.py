@@ -13,6 +13,12 @@ key's other ready jobs become `blocked`, off the claim's index, so the claim goe
 past a busy key to the others; each job of the key that stops running unblocks one, and
 a periodic pass unblocks what a crash or a raised limit left. Held back by rate, it stays
 ready with its run time moved to when the window has room.
+
+Lock order: a claim holds the job rows it picked (SKIP LOCKED, never waiting for them),
+then waits for its keys' rows, sorted; under a key's lock no statement waits for a job
+row: what a decision holds back or unblocks is read with SKIP LOCKED and written by id.
+A job row another claim holds is decided by that claim once it has the key. So two
+claims of one key cannot deadlock (each waited for the other's rows before).
 """
 from __future__ import annotations
 
@@ -39,6 +45,9 @@ _RATE = re.compile(r"\s*(\d+)\s*/\s*(s|m|h)\s*")
 RULES_TTL = 1.0
 #: The most concurrency a key may have.
 MAX_CONCURRENCY = 100_000
+#: Ready jobs of a key at its limit one decision holds back at most (blocks, or delays to
+#: its rate's window), besides those its claim picked; a claim that meets more does it again.
+HOLD_BATCH = 1000
 
 
 @dataclass(frozen=True)
@@ -203,17 +212,26 @@ def within_limits(cursor: Any, rows: list[tuple], key_at: Callable[[tuple], tupl
         mine = keyed[key]
         if room >= len(mine):
             continue
-        taken = [row[0] for row in mine[:room]]
-        held.update(row[0] for row in mine[room:])
-        ids = taken or [0]
+        kept = [row[0] for row in mine[room:]]
+        held.update(kept)
+        ids = _holdable(cursor, key, kept, {row[0] for row in mine[:room]})
         if by_concurrency:
-            cursor.execute(st.block + in_list(ids), (key, *ids))
+            cursor.execute(st.block + in_list(ids), ids)
         else:
             when = db.dialect(cursor.db).stored_datetime(free_at)
-            cursor.execute(st.delay + in_list(ids), (when, key, when, *ids))
+            cursor.execute(st.delay + in_list(ids), (when, when, *ids))
             wait = (free_at - now).total_seconds()
             soonest = wait if soonest is None else min(soonest, wait)
     return [row for row in rows if row[0] not in held], soonest
+
+
+def _holdable(cursor: Any, key: str, kept: list[int], taken: set[int]) -> list[int]:
+    """The key's ready jobs a decision holds back: those of the claim it did not take, and
+    up to HOLD_BATCH others in claim order that no other transaction holds (SKIP LOCKED:
+    under the key's lock nothing waits for a job row)."""
+    cursor.execute(sql.limits(cursor.db).holdable, (key, HOLD_BATCH))
+    found = [row[0] for row in cursor.fetchall() if row[0] not in taken]
+    return list(dict.fromkeys(kept + found))
 
 
 def free_slots(cursor: Any, ended: Iterable[tuple[str, int | None, str]], using: str) -> int:
