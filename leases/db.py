@@ -255,7 +255,8 @@ class Cursor:
 
     def __init__(self, connection: BaseDatabaseWrapper) -> None:
         self.db = connection
-        self._cursor = connection.connection.cursor()
+        with connection.wrap_database_errors:  # psycopg refuses a cursor on a closed connection
+            self._cursor = connection.connection.cursor()
         self._convert = _qmark if connection.vendor == "sqlite" else str
 
     def execute(self, sql: str, params: tuple | list = ()) -> None:
@@ -312,6 +313,7 @@ def run(
     for attempt in range(attempts):
         sent = False
         try:
+            drop_if_broken(connection)
             connection.ensure_connection()
             cursor = Cursor(connection)
             try:
@@ -366,6 +368,31 @@ def one_line(exc: BaseException) -> str:
     tracebacks in a log are kept for what nobody expected)."""
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}"
+
+
+def drop_if_broken(connection: BaseDatabaseWrapper) -> None:
+    """Close a connection on which a statement failed and that no longer answers.
+
+    Django wraps the error of a statement (an ORM read too) and keeps the connection, which
+    after an outage or a terminated session is dead: the next statement on it would fail
+    again, with the driver's own error where Django does not wrap the call. One trivial
+    query after a failure, none otherwise; never inside a caller's transaction."""
+    if connection.connection is None or not connection.errors_occurred or connection.in_atomic_block:
+        return
+    try:
+        usable = connection.is_usable()
+    except Exception:  # noqa: BLE001 - a driver that cannot even tell: treat it as dead
+        usable = False
+    if usable:
+        connection.errors_occurred = False
+    else:
+        close(connection)
+
+
+def driver_errors(using: str | None = None) -> tuple[type[BaseException], ...]:
+    """Django's database error and the driver's own: what a long-running loop survives,
+    should an error of the driver ever escape Django's wrapping."""
+    return DatabaseError, connections[alias(using)].Database.Error
 
 
 def close(connection: BaseDatabaseWrapper) -> None:

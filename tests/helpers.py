@@ -1,12 +1,15 @@
 """Helpers the tests of several folders share: reading an admin page's table, the lines
 handlers log, a child process that reports on stdout and takes commands on stdin, how
-long a pushed job waited for a worker."""
+long a pushed job waited for a worker, and the end of a drain by worker processes."""
 from __future__ import annotations
 
 import json
+import os
 import queue
+import signal
 import subprocess
 import threading
+from collections import Counter
 from html.parser import HTMLParser
 
 
@@ -98,3 +101,23 @@ def pickup_seconds(job_id: int, timeout: float = 20) -> float:
     job = wait_for(lambda: Job.objects.filter(pk=job_id, started_at__isnull=False).first(), timeout,
                    "the job to start")
     return (job.started_at - job.enqueued_at).total_seconds()
+
+
+def drain_and_check(workers, procs, log, total: int, timeout: float = 120) -> Counter:
+    """Wait until every job succeeded; stop the workers gracefully (`workers`: the
+    `Workers` that started `procs`); check that none died and nothing was left behind.
+    Returns the runs per job."""
+    from leases.tasks.models import Job
+    from tests.conftest import wait_for
+
+    wait_for(lambda: Job.objects.filter(status=Job.SUCCEEDED).count() == total, timeout, f"{total} jobs succeeded")
+    for proc in procs:
+        assert proc.poll() is None, f"worker {proc.pid} died:\n{workers.stderr(proc)}"
+        os.kill(proc.pid, signal.SIGTERM)
+    for proc in procs:
+        assert workers.wait(proc, 60) == 0, workers.stderr(proc)
+        assert "Traceback" not in workers.stderr(proc), workers.stderr(proc)
+    assert not Job.objects.filter(status__in=[Job.READY, Job.RUNNING]).exists()
+    runs = Counter(n for n, _ in log_lines(log))
+    assert set(runs) == set(range(total))
+    return runs

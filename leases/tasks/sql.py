@@ -76,6 +76,8 @@ JOBS = {
     ),
     # A queue's settings. params: name
     "queue_settings": "SELECT paused, max_length, when_full, full_timeout FROM {q} WHERE name = %s",
+    # Every queue's (a row per queue ever pushed to: a few).
+    "all_queues": "SELECT name, paused, max_length, when_full, full_timeout FROM {q}",
     # Its row, made on first push; a second maker changes nothing. params: name, paused,
     # when_full, full_timeout (the model's defaults)
     "add_queue": (

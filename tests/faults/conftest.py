@@ -7,6 +7,7 @@ import pytest
 from django.db import connection, connections
 from django.db.utils import load_backend
 
+from tests.conftest import Workers, database_url
 from tests.faults.faultproxy import FaultProxy
 
 #: The proxy's protocol for each vendor it can stand in front of.
@@ -38,3 +39,17 @@ def proxied(proxy):
     yield "proxied"
     connections["proxied"].close()
     del connections["proxied"]
+
+
+@pytest.fixture
+def proxied_workers(manage, child_env, tmp_path, proxy):
+    """`leases_worker` processes whose database is reached through the proxy, with short
+    timeouts so that a stalled server becomes an error within seconds."""
+    url = database_url().replace(":3306/", f":{proxy.port}/").replace(":5432/", f":{proxy.port}/")
+    assert str(proxy.port) in url
+    # libpq has no read timeout: a stalled PostgreSQL link holds its caller until it wakes.
+    timeouts = "read_timeout=3&write_timeout=3" if url.startswith("mysql") else "tcp_user_timeout=3000"
+    env = {**child_env, "DATABASE_URL": f"{url}?{timeouts}&connect_timeout=2"}
+    procs = Workers(manage, env, tmp_path)
+    yield procs
+    procs.cleanup()

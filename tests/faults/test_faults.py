@@ -8,10 +8,7 @@ through the proxy.
 """
 from __future__ import annotations
 
-import os
-import signal
 import time
-from collections import Counter
 
 import pytest
 from django.db import OperationalError, connection, connections
@@ -23,8 +20,8 @@ from leases.sql import statements
 from leases.tasks import Dispatcher, push, push_many
 from leases.tasks.models import Job, PoolTask
 from leases.tasks.worker import JobWorker
-from tests.conftest import Workers, database_url, wait_for
-from tests.helpers import log_lines, pickup_seconds
+from tests.conftest import wait_for
+from tests.helpers import drain_and_check, log_lines, pickup_seconds
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -39,17 +36,9 @@ def a_server_behind_the_proxy():
 
 
 @pytest.fixture
-def workers(manage, child_env, tmp_path, proxy):
-    """`leases_worker` processes whose database is reached through the proxy, with short
-    timeouts so that a stalled server becomes an error within seconds."""
-    url = database_url().replace(":3306/", f":{proxy.port}/").replace(":5432/", f":{proxy.port}/")
-    assert str(proxy.port) in url
-    # libpq has no read timeout: a stalled PostgreSQL link holds its caller until it wakes.
-    timeouts = "read_timeout=3&write_timeout=3" if url.startswith("mysql") else "tcp_user_timeout=3000"
-    env = {**child_env, "DATABASE_URL": f"{url}?{timeouts}&connect_timeout=2"}
-    procs = Workers(manage, env, tmp_path)
-    yield procs
-    procs.cleanup()
+def workers(proxied_workers):
+    """Every worker process of this module reaches the database through the proxy."""
+    return proxied_workers
 
 
 # -- in one process ---------------------------------------------------------------------------
@@ -179,22 +168,6 @@ def test_leases_stay_exclusive_by_token_through_lost_replies(proxy, processes, q
 
 
 # -- worker processes through the proxy -------------------------------------------------------
-
-
-def drain_and_check(workers: Workers, procs, log, total: int, timeout: float = 120) -> Counter:
-    """Wait until every job succeeded; stop the workers gracefully; check that none died
-    and nothing was left behind. Returns the runs per job."""
-    wait_for(lambda: Job.objects.filter(status=SUCCEEDED).count() == total, timeout, f"{total} jobs succeeded")
-    for proc in procs:
-        assert proc.poll() is None, f"worker {proc.pid} died:\n{workers.stderr(proc)}"
-        os.kill(proc.pid, signal.SIGTERM)
-    for proc in procs:
-        assert workers.wait(proc, 60) == 0, workers.stderr(proc)
-        assert "Traceback" not in workers.stderr(proc), workers.stderr(proc)
-    assert not Job.objects.filter(status__in=[READY, RUNNING]).exists()
-    runs = Counter(n for n, _ in log_lines(log))
-    assert set(runs) == set(range(total))
-    return runs
 
 
 def test_workers_survive_lost_commit_replies_and_every_job_runs(workers, proxy, tmp_path):

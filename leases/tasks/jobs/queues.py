@@ -89,8 +89,12 @@ def _add_queue(name: str) -> Callable[[Any, bool], None]:
 
 def all_queues(using: str | None = None) -> dict[str, QueueSettings]:
     """Every queue with a row (all queues ever pushed to), by name."""
-    rows = Queue.objects.using(db.alias(using)).values_list("name", "paused", "max_length", "when_full", "full_timeout")
-    return {row[0]: QueueSettings(*row) for row in rows}
+
+    def work(cursor: Any, resumed: bool) -> list[tuple]:
+        cursor.execute(sql.jobs(cursor.db).all_queues, ())
+        return cursor.fetchall()
+
+    return {row[0]: QueueSettings(*row) for row in db.run(work, using)}
 
 
 def forget_settings() -> None:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, TypeVar
 
 from django.core.exceptions import ImproperlyConfigured
-from django.db import Error
+from django.db import Error, connections
 
 from leases import conf, db, routing
 from leases.exceptions import LeaseLost, UnknownHandler
@@ -216,10 +216,13 @@ class JobWorker:
                 try:
                     if self._turn(threads, duties):
                         break
-                except Error as exc:
+                except db.driver_errors(self.using) as exc:
                     # Outcomes not yet written stay pending, and the heartbeat keeps their
                     # jobs ours once it gets through. Beyond the ttl they are recovered.
-                    log.error("worker %s: database error, retrying in 1s: %s", self.name, exc)
+                    # A driver's own error means Django's wrapping missed a call: say where.
+                    log.error("worker %s: database error, retrying in 1s: %s", self.name, exc,
+                              exc_info=not isinstance(exc, Error))
+                    db.drop_if_broken(connections[self.using])
                     if self.stopping and time.monotonic() >= self._stop_at:
                         log.error("worker %s: grace over with the database failing; its jobs lapse"
                                   " and other workers recover them", self.name)

@@ -1,0 +1,87 @@
+"""No `leases_worker` process dies of a database outage, however its loop meets it.
+
+Which statement meets a dead connection first is a race with the loop's timing: a plain
+read of the queues' settings once left Django's broken connection in place, and the next
+unit of work built its cursor on it outside Django's error wrapping; the driver's own error
+then escaped the loop and the process exited. So several workers go through several
+outages: the fault proxy cutting and refusing connections, and the server ending the
+workers' sessions (pg_terminate_backend, KILL CONNECTION) while they drain.
+"""
+from __future__ import annotations
+
+import time
+
+import pytest
+from django.db import connection
+
+import tests.jobs  # noqa: F401 - registers noop
+from leases.tasks import push_many
+from leases.tasks.models import Job
+from tests.conftest import wait_for
+from tests.helpers import drain_and_check
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+
+@pytest.fixture(autouse=True)
+def a_server():
+    if connection.vendor == "sqlite":
+        pytest.skip("outages of a database server")
+
+
+def wave(log, start: int, count: int) -> int:
+    """Push jobs `start` to `start + count - 1`, each logging its runs; the next start."""
+    push_many([("noop", {"n": n, "log": str(log)}) for n in range(start, start + count)])
+    return start + count
+
+
+def succeeded() -> int:
+    return Job.objects.filter(status=Job.SUCCEEDED).count()
+
+
+def test_six_workers_ride_out_three_outages_that_cut_and_refuse_connections(proxied_workers, proxy, tmp_path):
+    workers = proxied_workers
+    log = tmp_path / "runs.log"
+    procs = [workers.start("--queue", "default", "--concurrency", "4", "--ttl", "4") for _ in range(6)]
+    wait_for(lambda: all("started" in workers.stderr(proc) for proc in procs), 30, "the workers to start")
+    total = 0
+    for _ in range(3):
+        total = wave(log, total, 300)
+        wait_for(lambda: succeeded() == total, 60, "the wave to drain")
+        time.sleep(1.5)  # idle: a listening worker reads the queues' settings at each poll
+        proxy.refuse(8)
+        time.sleep(8.5)
+        assert all(proc.poll() is None for proc in procs), [workers.stderr(proc) for proc in procs]
+    drain_and_check(workers, procs, log, total)
+
+
+def end_sessions() -> int:
+    """End every session of the test database but this one, as an administrator would."""
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                           " WHERE datname = current_database() AND pid <> pg_backend_pid()")
+            return len(cursor.fetchall())
+        cursor.execute("SELECT id FROM information_schema.processlist WHERE db = DATABASE() AND id <> CONNECTION_ID()")
+        ids = [row[0] for row in cursor.fetchall()]
+        for session in ids:
+            try:
+                cursor.execute(f"KILL CONNECTION {int(session)}")
+            except Exception:  # noqa: BLE001 - it ended meanwhile
+                pass
+        return len(ids)
+
+
+def test_four_workers_ride_out_their_sessions_ended_by_the_server_five_times(workers, tmp_path):
+    log = tmp_path / "runs.log"
+    procs = [workers.start("--queue", "default", "--concurrency", "4", "--ttl", "4") for _ in range(4)]
+    wait_for(lambda: all("started" in workers.stderr(proc) for proc in procs), 30, "the workers to start")
+    total = 0
+    for _ in range(5):
+        total = wave(log, total, 200)
+        wait_for(lambda: succeeded() == total, 60, "the wave to drain")
+        time.sleep(1.5)
+        assert end_sessions() >= 4
+        time.sleep(1.5)
+        assert all(proc.poll() is None for proc in procs), [workers.stderr(proc) for proc in procs]
+    drain_and_check(workers, procs, log, total)
