@@ -57,6 +57,11 @@ _PG_UNREACHABLE = {"57P03", "53300", "08001", "08004"}
 _PG_REFUSED = ("connection failed", "connection refused", "could not connect", "timeout expired",
                "could not translate host name", "no such file or directory")
 _PG_DENIED = ("does not exist", "authentication failed", "no pg_hba.conf entry", "permission denied")
+#: The server answered and refused who we are or what we named: access denied to a
+#: database or a user, an unknown database (MySQL); invalid authorization, a wrong
+#: password, a database that does not exist (PostgreSQL).
+_DENIED_CODES = {1044, 1045, 1049, 1698}
+_PG_DENIED_STATES = {"28000", "28P01", "3D000"}
 
 
 @dataclass(frozen=True)
@@ -225,6 +230,20 @@ def _label(exc: BaseException, kind: str) -> str:
 def transient(exc: BaseException) -> bool:
     """Whether `exc` is an outage or a lost race (worth waiting out), not a wrong statement."""
     return _kind(exc) is not None
+
+
+def denied(exc: BaseException) -> bool:
+    """Whether `exc` is the server refusing the connection's settings (a wrong database
+    name, user or password; SQLite: a file it cannot open): bad input, not an outage."""
+    if not isinstance(exc, (OperationalError, InterfaceError)):
+        return False
+    cause = exc.__cause__
+    if hasattr(cause, "sqlstate"):  # psycopg: a refused connection carries words, not a state
+        return cause.sqlstate in _PG_DENIED_STATES or (
+            cause.sqlstate is None and any(words in str(exc).lower() for words in _PG_DENIED))
+    if exc.args and exc.args[0] in _DENIED_CODES:
+        return True
+    return "unable to open database file" in str(exc)
 
 
 def backoff(attempt: int, base: float = 0.02, cap: float = 1.0) -> float:

@@ -124,6 +124,9 @@ class LeasesCommand(BaseCommand):
             try:
                 errors = check_migrated(alias)
             except Error as exc:
+                if db.denied(exc):
+                    raise CommandError(f"database {alias!r} refused the connection: {first_line(exc)}",
+                                       returncode=EX_USAGE) from None
                 if not db.transient(exc):
                     raise
                 continue  # an outage: the command waits it out (or exits 75) on its own
@@ -140,7 +143,20 @@ class LeasesCommand(BaseCommand):
         except ValueError as exc:
             raise CommandError(str(exc), returncode=EX_USAGE) from None
         except Error as exc:
+            if db.denied(exc):
+                raise CommandError(f"the database refused the connection: {first_line(exc)}",
+                                   returncode=EX_USAGE) from None
             if not db.transient(exc):
                 raise
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise CommandError(f"database unavailable, try again later: {first}", returncode=EX_TEMPFAIL) from None
+            raise CommandError(f"database unavailable, try again later: {first_line(exc)}",
+                               returncode=EX_TEMPFAIL) from None
+
+
+def first_line(exc: BaseException) -> str:
+    """An error's first line, its spaces folded (libpq indents what the server said); a
+    MySQL error's message before its number, not the tuple of both."""
+    args = getattr(exc, "args", ())
+    if len(args) == 2 and isinstance(args[0], int) and isinstance(args[1], str):
+        return f"{args[1]} ({args[0]})"
+    text = str(exc).strip()
+    return " ".join(text.splitlines()[0].split()) if text else type(exc).__name__

@@ -53,3 +53,29 @@ def test_createdb_makes_a_missing_mysql_database(manage, child_env):
     finally:
         with connection.cursor() as cursor:
             cursor.execute(f"DROP DATABASE IF EXISTS `{name}`")
+
+
+def refused_urls(url: str) -> list[str]:
+    """DATABASE_URLs that the test database's server refuses: a database that does not
+    exist and a user it does not know (SQLite: a file in a folder that does not exist)."""
+    if url.startswith("sqlite"):
+        return ["sqlite:////nonexistent-folder/leases.sqlite3"]
+    scheme, rest = url.split("://", 1)
+    user, place = rest.split("@", 1)
+    return [f"{scheme}://{user}@{place.rsplit('/', 1)[0]}/leases_no_such_database",
+            f"{scheme}://nobody-here@{place}"]
+
+
+@pytest.mark.django_db
+def test_a_database_that_refuses_the_connection_is_one_line_and_exit_2(manage, child_env):
+    """The commands' migration check re-raised what it did not count as an outage: a
+    wrong database name or user was a 70-line traceback and exit 1. Run as operators
+    run them, checks included."""
+    commands = (["leases_worker", "--burst"], ["jobs", "stats"], ["lease", "list"], ["pipeline", "list"],
+                ["schedule", "list"])
+    for url in refused_urls(child_env["DATABASE_URL"]):
+        for argv in commands:
+            done = run(manage, {**child_env, "DATABASE_URL": url}, *argv)
+            assert done.returncode == 2, (url, argv, done.stderr)
+            assert done.stderr.startswith("CommandError: database 'default' refused the connection: "), done.stderr
+            assert done.stderr.strip().count("\n") == 0, done.stderr
