@@ -14,6 +14,7 @@ handler's job (a pipeline run).
 """
 from __future__ import annotations
 
+import inspect
 import logging
 import math
 import random
@@ -137,6 +138,11 @@ def handler(
         if name is None:
             raise ValueError(f"@handler() of {_qualname(func)} needs a name: the name its jobs are pushed by")
         check_name(name, "handler name", JOB_NAME_LENGTH)
+        if inspect.iscoroutinefunction(func) or inspect.isasyncgenfunction(func):
+            # Its call would return a coroutine, never run, and every job would fail for good.
+            raise ValueError(f"handler {name!r}: {_qualname(func)} is an async function, and handlers run in"
+                             " worker threads; register a plain function that runs it instead, e.g."
+                             " `def fetch(payload): return asyncio.run(afetch(payload))`")
         spec = Handler(name=name, func=func, queue=check_queue(queue), max_attempts=check_attempts(max_attempts),
                        backoff=check_backoff(backoff), timeout=check_timeout(timeout), internal=internal, **shared)
         existing = _HANDLERS.get(name)

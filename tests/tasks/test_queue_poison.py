@@ -14,6 +14,7 @@ import pytest
 from django.db import connection
 
 import tests.jobs  # noqa: F401 - registers noop, boom, echo
+from leases.exceptions import UnknownHandler
 from leases.tasks import handler, push, push_many
 from leases.tasks import queue as jobqueue
 from leases.tasks.jobs.outcomes import Outcome
@@ -78,6 +79,18 @@ LONG = long_class()
 @handler("poison.long-class", max_attempts=1)
 def raise_long_class(payload):
     raise LONG("long class path")
+
+
+def test_an_async_handler_is_refused_at_registration_with_what_to_do():
+    """It was registered, and each of its jobs then failed for good: its call returned a
+    coroutine, never awaited, that the result's JSON could not hold."""
+    async def fetch(payload):
+        return payload
+
+    with pytest.raises(ValueError, match=r"^handler 'crawl\.async': .*fetch is an async function.*asyncio\.run"):
+        handler("crawl.async")(fetch)
+    with pytest.raises(UnknownHandler):
+        push("crawl.async", {})
 
 
 def test_odd_exceptions_fail_their_job_and_the_worker_goes_on():
