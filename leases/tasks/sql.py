@@ -90,6 +90,13 @@ JOBS = {
         f"SELECT {_CLAIMED_COLUMNS} FROM {{j}} WHERE status = {{job.ready}} AND queue = %s AND run_at <= {{now}}"
         " ORDER BY priority DESC, run_at, id LIMIT %s{skip_locked}"
     ),
+    # ... but for jobs of handlers the worker lacks and another live worker has (see
+    # jobs.handoff). Completed with the names, then "due_skipping_tail". params: queue, names, how many
+    "due_skipping": (
+        f"SELECT {_CLAIMED_COLUMNS} FROM {{j}} WHERE status = {{job.ready}} AND queue = %s AND run_at <= {{now}}"
+        " AND name NOT IN ("
+    ),
+    "due_skipping_tail": " ORDER BY priority DESC, run_at, id LIMIT %s{skip_locked}",
     # params: worker, ttl, then ids
     "claim": (
         "UPDATE {j} SET status = {job.running}, attempt = attempt + 1, claims = claims + 1, worker = %s,"
@@ -124,6 +131,19 @@ JOBS = {
         " ELSE 0 END, worker = '', expires_at = NULL, bounced_at = COALESCE(bounced_at, {now})"
         " WHERE id = %s AND claims = %s AND status = {job.running}"
     ),
+    # ... or at once when a live worker has the handler, its grace restarted. params: id, claims
+    "give_back_now": (
+        "UPDATE {j} SET status = {job.ready}, run_at = {now}, attempt = CASE WHEN attempt > 0 THEN attempt - 1"
+        " ELSE 0 END, worker = '', expires_at = NULL, bounced_at = NULL"
+        " WHERE id = %s AND claims = %s AND status = {job.running}"
+    ),
+    # A worker that starts with the handler of jobs given back for later takes them now.
+    # Completed with ids (then, but for "*", "take_over_queues" and the queues).
+    "take_over": (
+        "UPDATE {j} SET run_at = {now}, bounced_at = NULL WHERE status = {job.ready} AND bounced_at IS NOT NULL"
+        " AND id IN ("
+    ),
+    "take_over_queues": " AND queue IN (",
     # ... unless no worker has had the handler for the grace period. params: id, claims, -grace
     "fail_unhandled": (
         "UPDATE {j} SET status = {job.failed}, finished_at = {now}, expires_at = NULL"
@@ -207,10 +227,10 @@ JOBS = {
 
 # A worker process's row is a lease, with the protocol of leases.sql's (kind "worker").
 WORKERS = {
-    # params: name, holder, queues, concurrency, ttl
+    # params: name, holder, queues, concurrency, handlers, ttl
     "register": (
-        "INSERT INTO {w} (name, holder, token, queues, concurrency, started_at, heartbeat_at, expires_at)"
-        " VALUES (%s, %s, 1, %s, %s, {now}, {now}, {later})"
+        "INSERT INTO {w} (name, holder, token, queues, concurrency, handlers, handed_back, started_at,"
+        " heartbeat_at, expires_at) VALUES (%s, %s, 1, %s, %s, %s, '', {now}, {now}, {later})"
     ),
     "registered": "SELECT id, {now} FROM {w} WHERE name = %s",
     # params: ttl, id, token, holder
@@ -220,6 +240,12 @@ WORKERS = {
     ),
     # params: id, token, holder
     "release": "UPDATE {w} SET expires_at = {now}, holder = '' WHERE id = %s AND token = %s AND holder = %s",
+    # Who runs what: the live workers' queues and handlers (a row per live process).
+    "live_handlers": "SELECT name, queues, handlers FROM {w} WHERE expires_at > {now}",
+    # Jobs workers handed back while no live worker had their handler.
+    "handed_back": "SELECT handed_back FROM {w} WHERE handed_back <> ''",
+    # params: handed back (JSON), name
+    "note_handed_back": "UPDATE {w} SET handed_back = %s WHERE name = %s",
     # Rows of workers gone for a while are forgotten. params: -seconds
     "forget": "DELETE FROM {w} WHERE expires_at < {later}",
 }

@@ -75,12 +75,13 @@ def _limits_of_row(row: tuple) -> tuple[str, int | None, str]:
 
 
 def claim(worker: str, queues: list[str], limit: int, ttl: float, using: str, unsure: bool = False,
-          known: frozenset[int] = frozenset()) -> tuple[list[ClaimedJob], float | None]:
+          known: frozenset[int] = frozenset(), skip: tuple[str, ...] = ()) -> tuple[list[ClaimedJob], float | None]:
     """(up to `limit` due jobs of `queues`, claimed by `worker` for `ttl` seconds; seconds
     until the soonest job a rate delayed may start, or None).
 
     `unsure`: an earlier claim may have committed unseen; then what runs under the
     worker's name and is not `known` (running or finished here) is taken back instead.
+    `skip`: names of jobs to leave to other workers (handlers this one lacks: `handoff`).
     """
     delayed: list[float | None] = [None]
 
@@ -92,7 +93,7 @@ def claim(worker: str, queues: list[str], limit: int, ttl: float, using: str, un
         if not queues:
             return []
         with db.write_transaction(using):
-            rows = _due(cursor, queues, limit)
+            rows = _due(cursor, queues, limit, skip)
             if not rows:
                 return []
             rows, delayed[0] = limits.within_limits(cursor, rows, _limits_of_row, using)
@@ -111,12 +112,16 @@ def _take_back(cursor: Any, worker: str, known: frozenset[int]) -> list[ClaimedJ
     return [_claimed(row, worker, taken=True) for row in found]
 
 
-def _due(cursor: Any, queues: list[str], limit: int) -> list[tuple]:
-    """The first `limit` due rows of the queues together, in claim order, locked."""
+def _due(cursor: Any, queues: list[str], limit: int, skip: tuple[str, ...] = ()) -> list[tuple]:
+    """The first `limit` due rows of the queues together, in claim order, locked; none
+    named in `skip`."""
     st = sql.jobs(cursor.db)
     rows: list[tuple] = []
     for queue in queues:
-        cursor.execute(st.due, (queue, limit))
+        if skip:
+            cursor.execute(st.due_skipping + in_list(skip) + st.due_skipping_tail, (queue, *skip, limit))
+        else:
+            cursor.execute(st.due, (queue, limit))
         rows += cursor.fetchall()
     if len(queues) > 1:
         rows.sort(key=lambda row: (-row[1], str(row[2]), row[0]))

@@ -1,6 +1,6 @@
 """An attempt's end, written in one transaction per batch: succeeded, retried later with
-its handler's backoff, failed or dead for good, given back (no handler here), or handed
-back by a worker that stops. Each statement names the claim it ends, so a late finisher
+its handler's backoff, failed or dead for good, given back (no handler here: see
+`handoff`), or handed back by a worker that stops. Each statement names the claim it ends, so a late finisher
 whose attempt was recovered and run again elsewhere writes nothing.
 
 When a job ends for good, the same transaction queues its `on_finish` follow-up (or hands
@@ -61,8 +61,10 @@ class Outcome:
     retryable: bool = True
     #: Seconds before the next attempt (from the handler's backoff).
     delay: float = 0.0
-    #: No handler here: back to the queue for a worker that has one (no try used).
+    #: No handler here: back to the queue for a worker that has one (no try used), at
+    #: once when a live worker has it (`elsewhere`, see `handoff`), else after BOUNCE_DELAY.
     bounce: bool = False
+    elsewhere: bool = False
     #: Seconds the attempt ran (for the log).
     seconds: float = 0.0
 
@@ -87,7 +89,8 @@ def write_outcomes(outcomes: list[Outcome], worker: str, grace: float, using: st
     """Write outcomes in one transaction; each only if its claim is still running.
 
     Returns what was written of each failure, by job id: "retry", "dead", "failed",
-    "bounced", "unhandled", or "" when its claim had been taken from it.
+    "bounced" (back later), "handed" (back now, for a worker that has its handler),
+    "unhandled", or "" when its claim had been taken from it.
     """
     wins: dict[str, list[Outcome]] = {}
     followed = []  # succeeded jobs with an on_finish: written one by one, to know which ended
@@ -133,6 +136,9 @@ def _write_failure(cursor: Any, outcome: Outcome, worker: str, grace: float) -> 
     st, seconds = sql.jobs(cursor.db), db.dialect(cursor.db).seconds
     job = outcome.job
     fence = (job.id, job.claims)
+    if outcome.bounce and outcome.elsewhere:
+        cursor.execute(st.give_back_now, fence)
+        return "handed" if cursor.rowcount == 1 else ""
     if outcome.bounce:
         cursor.execute(st.fail_unhandled, (*fence, seconds(-grace)))
         if cursor.rowcount != 1:

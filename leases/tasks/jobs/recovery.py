@@ -18,7 +18,7 @@ from leases.lease import Hold, make_holder
 from leases.sql import in_list
 
 from .. import sql
-from . import limits
+from . import handoff, limits
 from .outcomes import describe, follow_ups
 
 log = logging.getLogger("leases.tasks.worker")
@@ -38,15 +38,17 @@ class WorkerHold(Hold):
         return f"worker {self.holder}"
 
 
-def register_worker(queues: list[str], concurrency: int, ttl: float, using: str) -> WorkerHold:
-    """Insert a row for a new worker process, under a name of its own, and hold it."""
+def register_worker(queues: list[str], concurrency: int, ttl: float, using: str,
+                    handlers: list[str] = ()) -> WorkerHold:
+    """Insert a row for a new worker process, under a name of its own, and hold it; the
+    row lists the `handlers` it can run (see `handoff`)."""
     holder = make_holder()
     sent_at = time.monotonic()
 
     def work(cursor: Any, resumed: bool) -> tuple:
         st = sql.workers(cursor.db)
         if not resumed:
-            cursor.execute(st.register, (holder, holder, ",".join(queues), concurrency,
+            cursor.execute(st.register, (holder, holder, ",".join(queues), concurrency, handoff.dumps(list(handlers)),
                                          db.dialect(cursor.db).seconds(ttl)))
         cursor.execute(st.registered, (holder,))
         return cursor.fetchone()

@@ -22,6 +22,12 @@ class Worker(models.Model):
     started_at = models.DateTimeField()
     heartbeat_at = models.DateTimeField()
     expires_at = models.DateTimeField()
+    #: The handlers it can run (a JSON list of names), so a worker that lacks one hands
+    #: their jobs to it at once (`leases.tasks.jobs.handoff`).
+    handlers = models.TextField(blank=True, default="")
+    #: Jobs it handed back while no live worker had their handler (JSON {name: [ids]}, the
+    #: newest few): a worker that has one takes them when it starts, not after their delay.
+    handed_back = models.TextField(blank=True, default="")
 
     class Meta:
         ordering = ["name"]

@@ -32,9 +32,9 @@ from leases.validation import check_seconds
 
 from .. import registry
 from ..jobs import claim as claims
-from ..jobs import counts, history, limits, outcomes, recovery
+from ..jobs import counts, handoff, history, limits, outcomes, recovery
 from ..jobs.claim import ClaimedJob
-from ..jobs.outcomes import Outcome, describe, failed
+from ..jobs.outcomes import Outcome, failed
 from ..jobs.queues import SETTINGS_TTL, all_queues
 from ..schedules.leader import Scheduler
 from . import report
@@ -117,6 +117,8 @@ class JobWorker:
         self.stats = Stats()
         self.running: dict[int, ClaimedJob] = {}
         self.hold: recovery.WorkerHold | None = None
+        #: Jobs of handlers this process lacks (see leases.tasks.jobs.handoff).
+        self.lacking = handoff.Lacking(self.using)
         # A Queue, not a SimpleQueue: on CPython 3.11 a signal (SIGTERM) that lands near
         # the end of SimpleQueue.get(timeout=...) leaves it waiting forever.
         self._done: stdqueue.Queue = stdqueue.Queue()
@@ -149,9 +151,12 @@ class JobWorker:
     # -- life cycle ---------------------------------------------------------------------
 
     def register(self) -> recovery.WorkerHold:
-        """Insert this process's row and hold it as a lease."""
-        self.hold = recovery.register_worker(self.queues, self.concurrency, self.ttl, self.using)
+        """Insert this process's row, naming the handlers it has, and hold it as a lease;
+        take over the jobs other workers handed back for want of one of them."""
+        handlers = sorted(registry.registered())
+        self.hold = recovery.register_worker(self.queues, self.concurrency, self.ttl, self.using, handlers)
         log.info("worker %s started: queues %s, concurrency %d", self.name, ",".join(self.queues), self.concurrency)
+        report.took_over(self.name, handoff.take_over(handlers, self.queues, self.using))
         return self.hold
 
     def when_up(self, call: Callable[[], T]) -> T | None:
@@ -360,7 +365,7 @@ class JobWorker:
                 job.handler = handler_for(job)
             except (UnknownHandler, ImportError, ImproperlyConfigured) as exc:
                 # Not deployed here (yet): back to the queue for a worker that has it.
-                self._pending.append(Outcome(job, ok=False, error=describe(exc), bounce=True))
+                self._pending.append(self.lacking.give_back(self.name, job, exc))
                 continue
             except Exception:  # noqa: BLE001 - execute() fails the attempt with this error
                 pass
@@ -380,7 +385,8 @@ class JobWorker:
         known = frozenset(self.running) | {outcome.job.id for outcome in self._pending}
         unsure = self._claim_unsure
         self._claim_unsure = True
-        jobs, delayed = claims.claim(self.name, active, limit, self.ttl, self.using, unsure, known)
+        jobs, delayed = claims.claim(self.name, active, limit, self.ttl, self.using, unsure, known,
+                                     self.lacking.skipped())
         self._claim_unsure = False
         if delayed is not None and delayed <= BURST_RETRY_WAIT:  # --burst waits for them
             self._retries_until = max(self._retries_until, time.monotonic() + delayed + 1.0)
@@ -474,6 +480,7 @@ class JobWorker:
         """Write outcomes in one transaction (each only if its claim is still running), then
         count and log them."""
         written = outcomes.write_outcomes(done, self.name, self.handler_grace, self.using)
+        self.lacking.written(self.name, done, written)
         self._finished_keys.update(outcome.job.key for outcome in done)
         stay = report.outcomes_written(self.name, done, written, self.stats, self.handler_grace)
         self._retries_until = max(self._retries_until, stay)

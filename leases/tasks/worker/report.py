@@ -61,11 +61,9 @@ def outcomes_written(worker: str, outcomes: list[Outcome], written: dict[int, st
                      span(outcome.seconds), job.attempt, job.max_attempts, extra={**fields, "outcome": "succeeded"})
             continue
         what = written.get(job.id, "")
-        if what == "bounced":
+        if what in ("bounced", "handed"):
             stats.bounced += 1
-            log.warning("worker %s: no handler here for %s #%d (%s); back to the queue in %gs for a worker"
-                        " that has it (it fails after %gs without one)", worker, job.name, job.id,
-                        outcome.error[1], BOUNCE_DELAY, grace, extra={**fields, "outcome": "bounced"})
+            _bounced(worker, outcome, what, grace, fields)
             continue
         stats.failed += 1
         stats.retried += what in RETRIED
@@ -74,6 +72,28 @@ def outcomes_written(worker: str, outcomes: list[Outcome], written: dict[int, st
             stay = max(stay, time.monotonic() + outcome.delay + 1.0)
         _failure(outcome, what, grace, fields)
     return stay
+
+
+def _bounced(worker: str, outcome: Outcome, what: str, grace: float, fields: dict) -> None:
+    """A job whose handler this worker lacks, given back: to a worker that has it, or for
+    later, with the fix named."""
+    job = outcome.job
+    if what == "handed":
+        log.info("worker %s: no handler here for %s #%d; a worker that has it takes it (this one leaves %s"
+                 " jobs to others for %gs; --import the module that defines it to run them here too)", worker,
+                 job.name, job.id, job.name, BOUNCE_DELAY, extra={**fields, "outcome": "handed"})
+        return
+    log.warning("worker %s: no handler here for %s #%d (%s), and no live worker serving %s has it: start one"
+                " with --import the module that defines it (or define it in an installed app's handlers.py);"
+                " back to the queue in %gs, taken at once by a worker that starts with it, failed if none has it"
+                " within %gs (LEASES_HANDLER_GRACE)", worker, job.name, job.id, outcome.error[1], job.queue,
+                BOUNCE_DELAY, grace, extra={**fields, "outcome": "bounced"})
+
+
+def took_over(worker: str, count: int) -> None:
+    """The line of a worker that starts with the handler of jobs others handed back."""
+    if count:
+        log.info("worker %s: took over %d job(s) that workers without their handler handed back", worker, count)
 
 
 def _failure(outcome: Outcome, what: str, grace: float, fields: dict) -> None:
