@@ -4,8 +4,9 @@
     ```
 
 builds the parser as `manage.py lease --help` does (Django's
-``load_command_class(app, name).create_parser("manage.py", name)``) and renders its help,
-then each sub-command's, so the reference cannot drift from the code. When the build
+``load_command_class(app, name).create_parser("manage.py", name)``) and renders the list
+of its sub-commands, its help, then each sub-command's, so the reference cannot drift
+from the code. When the build
 ends, every command of the django-leases apps must have been rendered somewhere: a
 command added without its reference is a warning, an error under ``-W``.
 """
@@ -70,11 +71,22 @@ class DjangoCommand(SphinxDirective):
             raise self.error(f"no management command named {name!r}")
         parser = parser_of(name)
         self.env.domaindata.setdefault("django_commands", {})[name] = self.env.docname
-        found: list[nodes.Node] = [self._block(help_text(parser))]
-        for sub_name, sub in sub_parsers(parser):
+        subs = sub_parsers(parser)
+        found: list[nodes.Node] = [self._listing(name, [sub_name for sub_name, _ in subs])] if subs else []
+        found.append(self._block(help_text(parser)))
+        for sub_name, sub in subs:
             found.append(nodes.rubric(text=f"manage.py {name} {sub_name}"))
             found.append(self._block(help_text(sub)))
         return found
+
+    @staticmethod
+    def _listing(name: str, subs: list[str]) -> nodes.paragraph:
+        """"Sub-commands: add, import, ..." from the parser, so the list cannot drift either."""
+        paragraph = nodes.paragraph(text=f"Sub-commands of manage.py {name}: ")
+        for index, sub in enumerate(subs):
+            paragraph += nodes.literal(text=sub)
+            paragraph += nodes.Text(", " if index < len(subs) - 1 else ".")
+        return paragraph
 
     @staticmethod
     def _block(text: str) -> nodes.literal_block:
