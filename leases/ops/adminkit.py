@@ -36,8 +36,14 @@ def nowrap(text: Any) -> SafeString:
 
 
 def local_time(value: datetime | None) -> str:
-    """The time in the current time zone to the second; EMPTY for None."""
-    return timezone.localtime(value).strftime("%Y-%m-%d %H:%M:%S") if value else EMPTY
+    """The time in the current time zone to the second, with its offset: as the commands
+    say it ("2026-11-26 05:09:15Z") where that zone is UTC; EMPTY for None."""
+    if not value:
+        return EMPTY
+    local = timezone.localtime(value)
+    offset = local.strftime("%z")
+    zone = "Z" if offset in ("+0000", "") else f"{offset[:3]}:{offset[3:]}"
+    return local.strftime("%Y-%m-%d %H:%M:%S") + zone
 
 
 def compact_time(value: datetime | None) -> SafeString | None:  # None: the list's empty value

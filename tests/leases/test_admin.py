@@ -69,7 +69,7 @@ def test_changelist_shows_live_state_holder_expiry_and_quarantine(admin_client, 
     assert free["current_holder"] == free["expires_in"] == "-"
 
     # Why and until when, in the state cell; the seconds left where a lease's would be.
-    assert re.fullmatch(r"● quarantined: banned by target \(until \d{4}-\d\d-\d\d \d\d:\d\d:\d\d\)",
+    assert re.fullmatch(r"● quarantined: banned by target \(until \d{4}-\d\d-\d\d \d\d:\d\d:\d\dZ\)",
                         quarantined["state"])
     assert 3590 <= int(quarantined["expires_in"]) <= 3600
 

@@ -87,7 +87,7 @@ def test_run_list_shows_pipeline_key_status_progress_and_filters(admin_client):
     first = rows[str(done.pk)]
     assert (first["pipeline"], first["key_text"], first["status_badge"]) == ("crawl-site", "example.com", "● succeeded")
     assert first["progress"] == "6/6"
-    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", first["started"])
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\dZ", first["started"])
     assert re.fullmatch(r"\d+ms|\d+\.\ds", first["duration"])
     assert (rows[str(live.pk)]["key_text"], rows[str(live.pk)]["progress"]) == ("-", "0/5")
     assert rows[str(stopped.pk)]["status_badge"] == "● cancelled"

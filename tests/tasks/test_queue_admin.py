@@ -2,6 +2,7 @@
 actions, read-only engine state, and pages whose query count does not grow with rows."""
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 
 import pytest
@@ -205,6 +206,17 @@ def test_job_page_shows_payload_result_and_errors_read_only(admin_client, jobs):
     assert "&quot;echo&quot;: 1" in done
     due = admin_client.get(change_url(jobs["due"])).content.decode()
     assert "hunter2" in due  # those who may act on jobs see the payload as stored
+
+
+def test_the_admins_times_read_as_the_commands_say_them(admin_client, jobs):
+    """A job's page showed its run time as "2026-11-26 05:09:15" and its errors' as "Nov. 26,
+    2026, 5:09 a.m.", the commands "2026-11-26 05:09:15Z": one way everywhere."""
+    worker("w-alive", 30)
+    moment = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\dZ"
+    for url in (change_url(jobs["dead"]), reverse("admin:leases_tasks_worker_change", args=[Worker.objects.get().pk])):
+        html = admin_client.get(url).content.decode()
+        assert not re.search(r"a\.m\.|p\.m\.|noon|midnight", html), url
+        assert len(re.findall(moment, html)) >= 3, url
 
 
 def test_jobs_cannot_be_added_edited_or_deleted_and_viewers_get_no_actions(client, admin_client, jobs):

@@ -36,8 +36,7 @@ class TaskPoolAdmin(ReadOnly):
     """Dispatchers: where their tasks are, and the reclaim of stale workers' buckets."""
 
     list_display = ("name", "pool_size", "assigned", "done", "workers", "generation", "rebuilt")
-    fields = ("name", "pool_size", "assigned", "done", "workers", "generation", "rebuild_started_at",
-              "rebuilt_at")
+    fields = ("name", "pool_size", "assigned", "done", "workers", "generation", "rebuild_started", "rebuilt")
     readonly_fields = fields
     search_fields = ("name",)
     actions = ("reclaim_selected",)
@@ -69,6 +68,10 @@ class TaskPoolAdmin(ReadOnly):
     @admin.display(description="rebuilt", ordering="rebuilt_at")
     def rebuilt(self, obj: TaskPool) -> str | None:
         return compact_time(obj.rebuilt_at)
+
+    @admin.display(description="rebuild started")
+    def rebuild_started(self, obj: TaskPool) -> str | None:
+        return compact_time(obj.rebuild_started_at)
 
     def has_reclaim_permission(self, request) -> bool:
         """Reclaiming moves tasks, so it takes the change permission the forms do not use."""

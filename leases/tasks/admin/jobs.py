@@ -238,8 +238,8 @@ class JobErrorInline(OnDatabaseInline, admin.TabularInline):
         """Messages and tracebacks quote arguments, URLs and headers, credentials included:
         as the payload, they are shown as stored only to those who may act on the job."""
         if may_change(request, self.parent_model._meta):
-            return ("attempt", "exception", "message", "trace", "worker", "at")
-        return ("attempt", "exception", "masked_message", "masked_trace", "worker", "at")
+            return ("attempt", "exception", "message", "trace", "worker", "when")
+        return ("attempt", "exception", "masked_message", "masked_trace", "worker", "when")
 
     def get_readonly_fields(self, request, obj=None):
         return self.get_fields(request, obj)
@@ -253,6 +253,10 @@ class JobErrorInline(OnDatabaseInline, admin.TabularInline):
     @admin.display(description="message")
     def masked_message(self, obj: JobError) -> str:
         return mask_text(obj.message)
+
+    @admin.display(description="at")
+    def when(self, obj: JobError) -> str:
+        return local_time(obj.at)
 
     @admin.display(description="traceback")
     def trace(self, obj: JobError) -> str:

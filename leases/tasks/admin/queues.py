@@ -16,10 +16,10 @@ from django.db.models import Count, IntegerField, OuterRef, Subquery
 from django.db.models.functions import Coalesce
 from django.utils.html import format_html, format_html_join
 
-from leases.ops.adminkit import EMPTY, OnDatabase, PerRequest, compact_time, request_now
+from leases.ops.adminkit import EMPTY, OnDatabase, PerRequest, compact_time, local_time, request_now
 from leases.validation import check_queue
 
-from ..jobs import queues
+from ..jobs import handoff, queues
 from ..models import Job, Queue, Worker
 from .jobs import ALL, KindFilter
 from .shared import ReadOnly, relative
@@ -171,7 +171,7 @@ class QueueWorkerAdmin(ReadOnly):
     """`leases_worker` processes: alive while their lease is, and the jobs they run."""
 
     search_fields = ("name",)
-    fields = ("name", "queues", "concurrency", "started_at", "heartbeat_at", "expires_at")
+    fields = ("name", "queues", "concurrency", "handler_names", "started", "heartbeat", "expires")
 
     def get_list_display(self, request):
         live = QueueWorkerLive.of(request)
@@ -190,3 +190,16 @@ class QueueWorkerAdmin(ReadOnly):
     @admin.display(description="started", ordering="started_at")
     def started(self, obj: Worker) -> str | None:
         return compact_time(obj.started_at)
+
+    @admin.display(description="heartbeat")
+    def heartbeat(self, obj: Worker) -> str:
+        return local_time(obj.heartbeat_at)
+
+    @admin.display(description="lease expires")
+    def expires(self, obj: Worker) -> str:
+        return local_time(obj.expires_at)
+
+    @admin.display(description="handlers")
+    def handler_names(self, obj: Worker) -> str:
+        """The handlers it can run (a job whose handler it lacks goes to one that has it)."""
+        return ", ".join(handoff.names(obj.handlers)) or EMPTY

@@ -52,14 +52,15 @@ def _live(using: str, fresh: bool = False) -> list[tuple[str, frozenset[str], fr
         cursor.execute(sql.workers(cursor.db).live_handlers, ())
         return cursor.fetchall()
 
-    found = [(name, frozenset(queues.split(",")), frozenset(_names(handlers)))
+    found = [(name, frozenset(queues.split(",")), frozenset(names(handlers)))
              for name, queues, handlers in db.run(work, using)]
     with _roster_lock:
         _roster[using] = (now + ROSTER_TTL, found)
     return found
 
 
-def _names(text: str) -> list[str]:
+def names(text: str) -> list[str]:
+    """The names of a worker row's `handlers` (none when it holds no list)."""
     try:
         names = json.loads(text) if text else []
     except ValueError:
