@@ -16,7 +16,7 @@ def advance(payload: dict) -> None:
     machine.advance_event(payload["run"])
 
 
-@handler(START, max_attempts=5)
+@handler(START, max_attempts=5, internal=True)
 def start(payload: dict) -> dict:
     """Start a run of a pipeline (a schedule's tick). The key makes a retry after a lost
     reply find the run it started rather than start another."""

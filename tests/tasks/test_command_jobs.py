@@ -191,6 +191,16 @@ def test_stats_counts_internal_jobs_on_a_line_of_their_own():
     assert "(internal)" not in rows(run("stats"))
 
 
+def test_a_misspelt_name_names_the_handlers_there_are_and_no_internal_one():
+    """`jobs list --name crawl.fecth` said "no jobs" where every other typo gets the known
+    list; and that list named the pipelines' own start job."""
+    make()
+    message = fails("list", "--name", "noop.typo")
+    assert message.startswith("no handler or job named 'noop.typo' (known handlers: ") and "noop" in message
+    assert "leases.pipelines" not in message
+    assert run("list", "--name", "sleepy") == "no jobs\n"  # a handler with no job now is no typo
+
+
 def test_list_and_stats_queries_do_not_grow_with_jobs():
     def queries(*args: str) -> int:
         with CaptureQueriesContext(connection) as captured:
@@ -204,7 +214,8 @@ def test_list_and_stats_queries_do_not_grow_with_jobs():
     for index in range(60):
         make(queue=f"q{index % 3}", status=index % 7)
     assert [queries(*args) for args in commands] == few
-    assert few == [1, 1, 4]  # plus one read of the database clock each, which leases.db makes unseen
+    # Plus what leases.db reads unseen: the database clock each, the queues' settings for stats.
+    assert few == [1, 1, 3]
     with CaptureQueriesContext(connection) as captured:
         run("list", "--status", "failed")
     select = captured[-1]["sql"]
@@ -254,15 +265,17 @@ def test_retry_cancel_and_discard_by_id_say_what_they_left_alone():
     done = make(status=Job.SUCCEEDED, attempt=1)
     running = make("sleepy", Job.RUNNING, attempt=1)
     waiting = make(run_in=600)
-    assert run("retry", str(failed.pk), str(dead.pk), str(done.pk), str(failed.pk)) == (
-        "retried 2 of 3 (1 not failed, dead or cancelled)\n"
+    # A job named by id and left alone is exit 1, naming it: a script must see nothing happened.
+    assert fails("retry", str(failed.pk), str(dead.pk), str(done.pk), str(failed.pk), code=1) == (
+        f"retried 2 of 3: 1 not failed, dead or cancelled (#{done.pk} is succeeded)"
     )
     assert {Job.objects.get(pk=failed.pk).status, Job.objects.get(pk=dead.pk).status} == {Job.READY}
-    cancelled = run("cancel", str(waiting.pk), str(running.pk))
-    assert cancelled == "cancelled 1 of 2 (1 not waiting)\n"
+    assert fails("cancel", str(running.pk), code=1) == f"cancelled 0 of 1: 1 not waiting (#{running.pk} is running)"
+    assert run("cancel", str(waiting.pk)) == "cancelled 1 of 1\n"
     assert Job.objects.get(pk=waiting.pk).status == Job.CANCELLED
     JobError.objects.create(job=dead, attempt=1, exception="x.Y", message="m", at=db_now())
-    assert run("discard", str(dead.pk), str(running.pk)) == "discarded 1 of 2 (1 running)\n"
+    assert fails("discard", str(dead.pk), str(running.pk), code=1) == (
+        f"discarded 1 of 2: 1 running (#{running.pk} is running)")
     assert not Job.objects.filter(pk=dead.pk).exists() and not JobError.objects.exists()
     quiet = io.StringIO()
     call_command("jobs", "retry", str(waiting.pk), verbosity=0, stdout=quiet)

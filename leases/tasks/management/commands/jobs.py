@@ -8,8 +8,10 @@ Jobs of internal handlers (an app's bookkeeping, such as a pipeline's advance ev
 are not operators' work: `list` leaves them out unless asked (`--internal`, `--all`, or
 `--name` naming one), and `stats` counts them on a line of their own.
 
-Exit codes: 0 done; 1 `wait` saw the job fail, die or be cancelled (or deleted); 2 bad
-input (nothing written); 75 (EX_TEMPFAIL) `wait` timed out, or the database is unavailable.
+Exit codes: 0 done; 1 `wait` saw the job fail, die or be cancelled (or deleted), or a job
+named by id was left alone by `retry`, `cancel` or `discard` (not in a status the action
+takes; the line says which); 2 bad input (nothing written); 75 (EX_TEMPFAIL) `wait` timed
+out, or the database is unavailable.
 """
 from __future__ import annotations
 
@@ -87,18 +89,22 @@ def cell(text: str) -> str:
     return text if len(text) <= ERROR_WIDTH else text[: ERROR_WIDTH - 3] + "..."
 
 
-def existing(wanted: list[int], verb: str, using: str) -> list[int]:
-    """`wanted`, once each is known to name a job; ValueError (exit 2, nothing done)
-    naming those that do not."""
+def existing(wanted: list[int], verb: str, using: str) -> dict[int, int]:
+    """{id: status} of `wanted`, in order, once each is known to name a job; ValueError
+    (exit 2, nothing done) naming those that do not."""
     jobs = Job.objects.using(using)
-    found = {pk for start in range(0, len(wanted), BATCH)
-             for pk in jobs.filter(pk__in=wanted[start : start + BATCH]).values_list("pk", flat=True)}
+    found = {pk: status for start in range(0, len(wanted), BATCH)
+             for pk, status in jobs.filter(pk__in=wanted[start : start + BATCH]).values_list("pk", "status")}
     missing = [pk for pk in wanted if pk not in found]
     if missing:
-        listed = ", ".join(f"#{pk}" for pk in missing[:IDS_SHOWN])
-        more = f" and {len(missing) - IDS_SHOWN} more" if len(missing) > IDS_SHOWN else ""
-        raise ValueError(f"no job {listed}{more}: nothing {verb}")
-    return wanted
+        raise ValueError(f"no job {listing(missing)}: nothing {verb}")
+    return {pk: found[pk] for pk in wanted}
+
+
+def listing(ids: Sequence[int]) -> str:
+    """"#3, #4 and 12 more"."""
+    more = f" and {len(ids) - IDS_SHOWN} more" if len(ids) > IDS_SHOWN else ""
+    return ", ".join(f"#{pk}" for pk in ids[:IDS_SHOWN]) + more
 
 
 def find_job(text: str, using: str) -> Job:
@@ -113,8 +119,8 @@ def find_job(text: str, using: str) -> Job:
 class Command(LeasesCommand):
     help = (
         "List, show, count, retry, cancel, discard and wait for queued jobs. Exit codes: 0 done, 1 wait "
-        "saw the job fail, die or be cancelled, 2 bad input (nothing written), 75 wait timed out or the "
-        "database is unavailable."
+        "saw the job fail, die or be cancelled, or a job named by id was left alone (not in a status the "
+        "action takes), 2 bad input (nothing written), 75 wait timed out or the database is unavailable."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -199,6 +205,10 @@ class Command(LeasesCommand):
             ])
         if len(lines) > 1:
             self.stdout.write(table(lines))
+        elif name is not None and name not in registry.registered() and not Job.objects.using(using).filter(
+                name=name).exists():  # a typo, as far as anyone can tell: a second read, only then
+            known = ", ".join(sorted(n for n, spec in registry.registered().items() if not spec.internal))
+            raise ValueError(f"no handler or job named {name!r} (known handlers: {known or 'none'})")
         elif hidden and asked.filter(name__in=hidden).exists():  # a second read, only when none is listed
             self.stdout.write("no jobs but internal ones (--all shows them)")
         else:
@@ -297,8 +307,10 @@ class Command(LeasesCommand):
         using = self.using
         done = seen = 0
         batches: Iterable[list[int]]
+        named: dict[int, int] = {}
         if status is None:  # ids, as checked above
-            wanted = existing(job_ids(ids), verb, using)
+            named = existing(job_ids(ids), verb, using)
+            wanted = list(named)
             batches = (wanted[start : start + BATCH] for start in range(0, len(wanted), BATCH))
         else:
             name = status_name(status, allowed, action)
@@ -313,6 +325,11 @@ class Command(LeasesCommand):
             seen += len(batch)
             if verbosity > 1:
                 self.stderr.write(f"{verb} {done} of {seen} so far")
+        left = [pk for pk, code in named.items() if LABELS[code] not in allowed]
+        if named and done < seen:
+            # Named by id, a job left alone is news a script must see: exit 1, saying why.
+            why = ", ".join(f"#{pk} is {LABELS[named[pk]]}" for pk in left[:IDS_SHOWN]) or "they changed meanwhile"
+            raise CommandError(f"{verb} {done} of {seen}: {seen - done} {skipped} ({why})", returncode=1)
         if verbosity > 0:
             detail = f" ({seen - done} {skipped})" if seen > done else ""
             self.stdout.write(f"{verb} {done} of {seen}{detail}")
