@@ -205,8 +205,9 @@ class Command(LeasesCommand):
     @staticmethod
     def _lines(rows: list[Resource], now: Any, prefix: list[str]) -> list[list[str]]:
         """One line per slot, judged by `now` (the clock of the rows' database). EXPIRES:
-        when a held, cooling or quarantined slot is free again ("in 2m"), in the words
-        every command uses for a time left."""
+        when a held or cooling slot is free again ("in 2m"), in the words every command
+        uses for a time left; a quarantined one, which nobody holds, says in QUARANTINE
+        until when, and why."""
         states = {r.pk: r.state_at(now) for r in rows}
         used: dict[tuple[str, str], list[int]] = {}  # (pool, name) -> [held slots, slots]
         for r in rows:
@@ -221,8 +222,8 @@ class Command(LeasesCommand):
             if state in (Resource.HELD, Resource.COOLING):
                 line[5], line[6] = shown(r.holder) if state == Resource.HELD else "", ago(r.busy_before, now)
             elif state == Resource.QUARANTINED:
-                line[6] = ago(r.quarantined_until, now)
-                line[8] = f"until {clock(r.quarantined_until)} {shown(r.quarantine_reason)}"
+                why = f": {shown(r.quarantine_reason)}" if r.quarantine_reason else ""
+                line[8] = f"until {clock(r.quarantined_until)} ({ago(r.quarantined_until, now)}){why}"
             lines.append(prefix + line)
         return lines
 
