@@ -109,3 +109,23 @@ def test_a_url_whose_driver_is_missing_is_one_line_and_exit_2(tmp_path):
                               timeout=60, env={"PYTHONPATH": f"{tmp_path}:{ROOT}"})
         assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
         assert done.stderr.startswith("error: ") and "Traceback" not in done.stderr
+
+
+def test_an_operator_without_a_project_reads_and_lifts_bans_with_python_m_leases():
+    """The Scrapy page says a ban's reason shows in `lease list`: a crawler fleet without a
+    Django project has no manage.py to run it with."""
+    pool = Pool("proxies")
+    pool.add_many([("dc-1", None), ("dc-2", None)])
+    pool.quarantine("dc-1", seconds=600, reason="ban: 403 https://example.com/x")
+
+    def leases(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "leases", database_url(), *args], cwd="/", text=True,
+                              capture_output=True, env={"PYTHONPATH": str(ROOT)}, timeout=60)
+
+    listed = leases("lease", "list", "proxies")
+    assert listed.returncode == 0, listed.stderr
+    assert "ban: 403 https://example.com/x" in listed.stdout and "dc-2" in listed.stdout
+    assert leases("lease", "unquarantine", "proxies", "dc-1").returncode == 0
+    assert "quarantined" not in leases("lease", "list", "proxies").stdout
+    wrong = leases("lease", "lsit")
+    assert wrong.returncode == 2 and wrong.stderr.count("\n") == 1, wrong.stderr
