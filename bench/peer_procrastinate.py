@@ -6,7 +6,8 @@
     python peer_procrastinate.py URL pickup JOBS
 
 URL is a database of its own on the same server (bench/peers.py creates it); each
-measurement makes Procrastinate's schema in it anew. The
+measurement makes Procrastinate's schema in it anew, and a drain ANALYZEs its jobs table
+once they are deferred. The
 task is an async no-op, Procrastinate's cheapest kind; workers run with its defaults but
 for `wait=False` in the drain (exit once the queue is empty, as our `burst`). Pickup
 latency is read off Procrastinate's own event rows ("deferred" to "started"), both
@@ -88,6 +89,7 @@ def drain(jobs: int, procs: int, concurrency: int) -> dict:
         noop = app.tasks["noop"]
         for at in range(0, jobs, 1000):
             noop.batch_defer(*({"i": i} for i in range(at, min(jobs, at + 1000))))
+    query("ANALYZE procrastinate_jobs")  # statistics current, as on our side (see bench/peers.py)
     barrier = multiprocessing.Barrier(procs + 1)
     children = [multiprocessing.Process(target=_worker, args=(concurrency, barrier)) for _ in range(procs)]
     for child in children:
