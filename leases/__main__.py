@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 
-from .setup import configure
+from .setup import configured_from
 
 USAGE = "usage: python -m leases DATABASE_URL COMMAND [ARGS]  (e.g. python -m leases sqlite:////srv/leases.sqlite3 lease list)"
 
@@ -17,12 +17,7 @@ def main(argv: list[str]) -> int:
     if len(argv) < 2 or argv[0].startswith("-"):
         print(USAGE, file=sys.stderr)
         return 2
-    from django.core.exceptions import ImproperlyConfigured
-
-    try:
-        configure(argv[0])
-    except (ValueError, ImproperlyConfigured) as exc:  # a bad URL, or its driver is not installed
-        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
+    if not configured_from(argv[0]):
         return 2
     from django.core.management import execute_from_command_line
 

@@ -123,18 +123,26 @@ def create_tables(using: str = "default") -> None:
     call_command("migrate", database=using, interactive=False, verbosity=0)
 
 
+def configured_from(url: str) -> bool:
+    """`configure(url)` for a command line: False, after one line on stderr, for a bad URL
+    or one whose driver is not installed."""
+    from django.core.exceptions import ImproperlyConfigured
+
+    try:
+        configure(url)
+    except (ValueError, ImproperlyConfigured) as exc:
+        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return False
+    return True
+
+
 def main(argv: list[str]) -> int:
     """`python -m leases.setup DATABASE_URL`: create the tables; exit 2 on a bad URL, 75
     (EX_TEMPFAIL) when the database cannot be reached or refuses us."""
     if len(argv) != 1 or argv[0].startswith("-"):
         print("usage: python -m leases.setup DATABASE_URL  (creates the tables of django-leases)", file=sys.stderr)
         return 2
-    from django.core.exceptions import ImproperlyConfigured
-
-    try:
-        configure(argv[0])
-    except (ValueError, ImproperlyConfigured) as exc:  # a bad URL, or its driver is not installed
-        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
+    if not configured_from(argv[0]):
         return 2
     from django.db import Error
 

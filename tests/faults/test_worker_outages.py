@@ -39,20 +39,29 @@ def succeeded() -> int:
     return Job.objects.filter(status=Job.SUCCEEDED).count()
 
 
-def test_six_workers_ride_out_three_outages_that_cut_and_refuse_connections(proxied_workers, proxy, tmp_path):
-    workers = proxied_workers
-    log = tmp_path / "runs.log"
-    procs = [workers.start("--queue", "default", "--concurrency", "4", "--ttl", "4") for _ in range(6)]
+def rounds(workers, procs, log, count: int, wave_size: int, fault) -> None:
+    """`count` times: a wave of jobs drained, the workers idle a moment (a listening worker
+    reads the queues' settings at each poll), then `fault()`; none may die of it. Then
+    every job runs to its end."""
     wait_for(lambda: all("started" in workers.stderr(proc) for proc in procs), 30, "the workers to start")
     total = 0
-    for _ in range(3):
-        total = wave(log, total, 300)
+    for _ in range(count):
+        total = wave(log, total, wave_size)
         wait_for(lambda: succeeded() == total, 60, "the wave to drain")
-        time.sleep(1.5)  # idle: a listening worker reads the queues' settings at each poll
-        proxy.refuse(8)
-        time.sleep(8.5)
+        time.sleep(1.5)
+        fault()
         assert all(proc.poll() is None for proc in procs), [workers.stderr(proc) for proc in procs]
     drain_and_check(workers, procs, log, total)
+
+
+def test_six_workers_ride_out_three_outages_that_cut_and_refuse_connections(proxied_workers, proxy, tmp_path):
+    procs = [proxied_workers.start("--queue", "default", "--concurrency", "4", "--ttl", "4") for _ in range(6)]
+
+    def outage() -> None:
+        proxy.refuse(8)
+        time.sleep(8.5)
+
+    rounds(proxied_workers, procs, tmp_path / "runs.log", 3, 300, outage)
 
 
 def end_sessions() -> int:
@@ -73,15 +82,10 @@ def end_sessions() -> int:
 
 
 def test_four_workers_ride_out_their_sessions_ended_by_the_server_five_times(workers, tmp_path):
-    log = tmp_path / "runs.log"
     procs = [workers.start("--queue", "default", "--concurrency", "4", "--ttl", "4") for _ in range(4)]
-    wait_for(lambda: all("started" in workers.stderr(proc) for proc in procs), 30, "the workers to start")
-    total = 0
-    for _ in range(5):
-        total = wave(log, total, 200)
-        wait_for(lambda: succeeded() == total, 60, "the wave to drain")
-        time.sleep(1.5)
+
+    def ended() -> None:
         assert end_sessions() >= 4
         time.sleep(1.5)
-        assert all(proc.poll() is None for proc in procs), [workers.stderr(proc) for proc in procs]
-    drain_and_check(workers, procs, log, total)
+
+    rounds(workers, procs, tmp_path / "runs.log", 5, 200, ended)
