@@ -50,3 +50,13 @@ class BadResult(LeaseError):
     """What a handler returned cannot be stored (not JSON, too large or too deep), or the
     database refused an attempt's outcome: the attempt fails with this, for good, since
     running the handler again would repeat its work."""
+
+
+class Banned(LeaseError):
+    """Raised by a handler whose target refused the resource its job holds ("banned
+    here"): the job goes back to the queue without spending an attempt, and the resource
+    is not used for that target for `seconds` (the handler's `ban_for` when None)."""
+
+    def __init__(self, reason: str = "", seconds: float | None = None) -> None:
+        super().__init__(reason or "banned")
+        self.reason, self.seconds = reason, seconds

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import secrets
 import socket
 import threading
@@ -45,6 +46,22 @@ def make_holder(holder: str | None = None) -> str:
     if len(holder) > HOLDER_LENGTH - _SUFFIX_LENGTH:
         raise ValueError(f"holder is longer than {HOLDER_LENGTH - _SUFFIX_LENGTH} characters")
     return f"{holder}:{secrets.token_hex(4)}"
+
+
+#: The holder of a lease a job of the queue holds: its worker, then ":job" and its id.
+_JOB_HOLDER = re.compile(r"^(.*):job(\d+)$")
+
+
+def job_holder(worker: str, job_id: int) -> str:
+    """The holder written for the lease a running job holds (leases.tasks), by which the
+    operators' views of a resource name the job."""
+    return f"{worker}:job{job_id}"
+
+
+def job_of(holder: str) -> tuple[str, int] | None:
+    """(worker, job id) of a job's lease holder, or None for any other holder."""
+    found = _JOB_HOLDER.match(holder)
+    return (found[1], int(found[2])) if found else None
 
 
 class Hold:

@@ -6,11 +6,11 @@ from datetime import datetime, timezone
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import models
 
+from .validation import POOL_NAME_LENGTH, RESOURCE_NAME_LENGTH, TARGET_LENGTH
+
 #: busy_before of a resource nobody has held yet: long past, so it is free.
 EPOCH = datetime(2000, 1, 1, tzinfo=timezone.utc)
 
-POOL_NAME_LENGTH = 100
-RESOURCE_NAME_LENGTH = 255
 HOLDER_LENGTH = 255
 
 
@@ -58,6 +58,49 @@ class Resource(models.Model):
         if self.busy_before > now:
             return self.HELD if self.holder else self.COOLING
         return self.FREE
+
+
+class ResourceTarget(models.Model):
+    """A resource as one target (a site, a domain) sees it: banned until when and why,
+    rested until when (a cool-down, such as a `Retry-After`), and when its next start
+    for that target may come (a pace). Per resource name, all its slots: a site bans an
+    address, not a slot. A resource one target bans stays usable for the others; taking it
+    out for everyone is a quarantine (`Resource.quarantined_until`), the operator's.
+
+    Behaviour lives in `leases.targets`; jobs that hold resources (`leases.tasks`) and the
+    Scrapy middleware read and write the same rows.
+    """
+
+    pool = models.CharField(max_length=POOL_NAME_LENGTH)
+    name = models.CharField(max_length=RESOURCE_NAME_LENGTH)
+    target = models.CharField(max_length=TARGET_LENGTH)
+    banned_until = models.DateTimeField(null=True, blank=True)
+    ban_reason = models.CharField(max_length=255, blank=True, default="")
+    rested_until = models.DateTimeField(null=True, blank=True)
+    next_start_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            # Also the read of a target's rows for a few resources: (pool, target, name).
+            models.UniqueConstraint(fields=["pool", "target", "name"], name="leases_resource_target"),
+        ]
+        indexes = [
+            models.Index(fields=["pool", "name"], name="leases_target_of_resource"),
+            models.Index(fields=["banned_until"], name="leases_target_banned"),  # the bans in force
+        ]
+        ordering = ["pool", "name", "target"]
+
+    def __str__(self) -> str:
+        return f"{self.pool}/{self.name} for {self.target}"
+
+    def state_at(self, now: datetime) -> str:
+        """banned, rested, paced or usable for its target at `now` (the database clock)."""
+        for state, until in (("banned", self.banned_until), ("rested", self.rested_until),
+                             ("paced", self.next_start_at)):
+            if until is not None and until > now:
+                return state
+        return "usable"
 
 
 class Waiter(models.Model):

@@ -24,7 +24,7 @@ from .exceptions import NoResourceAvailable, UnknownPool, UnknownResource
 from .lease import Heartbeat, Lease, make_holder
 from .models import POOL_NAME_LENGTH, RESOURCE_NAME_LENGTH, Resource
 from .sql import statements
-from .validation import check_cooldown, check_name, check_slots, check_ttl, check_wait
+from .validation import check_cooldown, check_name, check_slots, check_target, check_ttl, check_wait
 
 log = logging.getLogger("leases")
 
@@ -123,13 +123,15 @@ class Pool:
     """Resources of one pool. Cheap to create; holds no connection or state of its own.
 
     `cooldown`: seconds a released slot rests before it is handed out again (a lease's
-    `release(cooldown=...)` overrides it).
+    `release(cooldown=...)` overrides it). `target`: acquire only resources this target (a
+    site) does not refuse now, by its bans, rests and pace (`leases.targets`).
     """
 
-    def __init__(self, name: str, using: str | None = None, cooldown: float = 0.0) -> None:
+    def __init__(self, name: str, using: str | None = None, cooldown: float = 0.0, target: str | None = None) -> None:
         self.name = check_name(name, "pool name", POOL_NAME_LENGTH)
         self.using = routing.route("pools", self.name, using)
         self.cooldown = check_cooldown(cooldown)
+        self.target = None if target is None else check_target(target)
 
     def __repr__(self) -> str:
         return f"<Pool {self.name}>"
@@ -343,7 +345,11 @@ class Pool:
         )
 
     def _candidates(self, cursor: Any, resumed: bool) -> list:
-        cursor.execute(statements(cursor.db).candidates, (self.name, CANDIDATES))
+        st = statements(cursor.db)
+        if self.target is None:
+            cursor.execute(st.candidates, (self.name, CANDIDATES))
+        else:
+            cursor.execute(st.candidates_for, (self.name, self.target, CANDIDATES))
         return cursor.fetchall()
 
     @staticmethod

@@ -18,6 +18,13 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 
 from . import db
 
+#: A resource row ({t}) that its target (the parameter) does not refuse now: no ban, rest
+#: or pace of leases.targets, a probe of the unique (pool, target, name) index.
+USABLE_FOR = (
+    " AND NOT EXISTS (SELECT 1 FROM {g} g WHERE g.pool = {t}.pool AND g.target = %s AND g.name = {t}.name"
+    " AND (g.banned_until > {now} OR g.rested_until > {now} OR g.next_start_at > {now}))"
+)
+
 RESOURCE = {
     # Free candidates: the few that came free longest ago, an index range read of
     # (pool, busy_before) however large the pool; the caller tries them in random order so
@@ -26,6 +33,11 @@ RESOURCE = {
     "candidates": (
         "SELECT id, token, name, data, {now}, slot FROM {t}"
         " WHERE pool = %s AND busy_before <= {now} ORDER BY busy_before LIMIT %s"
+    ),
+    # ... but those a target refuses now. params: pool, target, how many
+    "candidates_for": (
+        "SELECT id, token, name, data, {now}, slot FROM {t} WHERE pool = %s AND busy_before <= {now}" + USABLE_FOR
+        + " ORDER BY busy_before LIMIT %s"
     ),
     # params: ttl, holder, id, token read by "candidates"
     "claim": (
@@ -136,6 +148,40 @@ LOCK = {
 }
 
 
+# What targets say of resources (see leases.targets): a row per (pool, target, name),
+# made by the first verdict. Each verdict moves one of its times to now + seconds.
+_TARGET_UPSERT = (
+    "INSERT INTO {t} (pool, target, name, {col}, ban_reason, updated_at) VALUES (%s, %s, %s, {later}, %s, {now})"
+    " {upsert[pool, target, name]} {col} = {new[{col}]}, ban_reason = {reason}, updated_at = {new[updated_at]}"
+)
+TARGET = {
+    # params: pool, target, name, seconds, reason
+    "ban": _TARGET_UPSERT.replace("{col}", "banned_until").replace("{reason}", "{new[ban_reason]}"),
+    # A rest keeps the reason of a ban. params: pool, target, name, seconds, ""
+    "rest": _TARGET_UPSERT.replace("{col}", "rested_until").replace("{reason}", "{t}.ban_reason"),
+    # params: pool, target, name, seconds between two starts, ""
+    "pace": _TARGET_UPSERT.replace("{col}", "next_start_at").replace("{reason}", "{t}.ban_reason"),
+    # Names a target cannot use now, and until when: through the unique index's (pool,
+    # target) prefix. params: pool, target; completed with names
+    "unusable": (
+        "SELECT name, banned_until, rested_until, next_start_at FROM {t} WHERE pool = %s AND target = %s"
+        " AND (banned_until > {now} OR rested_until > {now} OR next_start_at > {now}) AND name IN ("
+    ),
+    # A lift ends a ban and a rest (not the pace). params: pool, name, then target twice
+    # ("" for every target)
+    "lift": (
+        "UPDATE {t} SET banned_until = NULL, ban_reason = '', rested_until = NULL, updated_at = {now}"
+        " WHERE pool = %s AND name = %s AND (target = %s OR %s = '')"
+        " AND (banned_until > {now} OR rested_until > {now})"
+    ),
+    # Rows all of whose times passed long ago. params: -seconds
+    "forget": (
+        "DELETE FROM {t} WHERE updated_at < {later} AND (banned_until IS NULL OR banned_until < {now})"
+        " AND (rested_until IS NULL OR rested_until < {now}) AND (next_start_at IS NULL OR next_start_at < {now})"
+    ),
+}
+
+
 def in_list(values: Any) -> str:
     """The rest of an `IN (` clause that a statement ends with: one placeholder a value."""
     return ", ".join(["%s"] * len(values)) + ")"
@@ -196,9 +242,10 @@ def _literals(choices: Any) -> SimpleNamespace:
 #: The database server's clock, the only clock that decides expiry (see leases.clock).
 CLOCK = {"now": "SELECT {now}"}
 
-register("resource", RESOURCE, {"t": "leases.Resource", "w": "leases.Waiter"})
+register("resource", RESOURCE, {"t": "leases.Resource", "w": "leases.Waiter", "g": "leases.ResourceTarget"})
 register("lock", LOCK, {"t": "leases.Lock"})
 register("clock", CLOCK, {})
+register("target", TARGET, {"t": "leases.ResourceTarget"})
 
 
 def statements(connection: BaseDatabaseWrapper, kind: str = "resource") -> SimpleNamespace:

@@ -23,6 +23,12 @@ MAX_SLOTS = 1000
 MAX_ATTEMPTS = 1000
 #: Longest queue name (the column's size).
 QUEUE_LENGTH = 100
+#: Longest pool, resource and target names (their columns' sizes): here, not beside the
+#: models, so that the job queue's models can size their columns without importing the
+#: base app's (which an app missing from INSTALLED_APPS could not).
+POOL_NAME_LENGTH = 100
+RESOURCE_NAME_LENGTH = 255
+TARGET_LENGTH = 255
 #: Character classes never allowed in names: controls (NUL, newline, terminal escapes),
 #: lone surrogates and invisible format characters (BOM, bidirectional overrides).
 _FORBIDDEN = {"Cc", "Cs", "Cf"}
@@ -151,3 +157,10 @@ def clean_text(text: str, limit: int) -> str:
 def _human(seconds: float) -> str:
     years = seconds / (365 * 86400)
     return f"{years:g} years" if years >= 1 else f"{seconds:g}s"
+
+
+def check_target(target: Any) -> str:
+    """A target key (a site): a printable string of at most TARGET_LENGTH characters."""
+    if not isinstance(target, str):
+        raise ValueError(f"a target must be a string, not {type(target).__name__} {target!r}")
+    return check_name(target, "target", TARGET_LENGTH)

@@ -29,7 +29,7 @@ from scrapy.settings import Settings
 from scrapy.utils.test import get_crawler
 from twisted.internet import error
 
-from leases import Pool
+from leases import Pool, targets
 from leases.contrib.scrapy import BanPolicy, Config, LeasesMiddleware, proxy_url
 from leases.models import Resource, Waiter
 from tests.conftest import ROOT, database_url, wait_for
@@ -302,6 +302,32 @@ def test_a_ban_quarantines_the_current_holding_and_retries_until_it_gives_up():
                                                          "ban: ConnectionRefusedError http://example.com/1"]
     assert mw.crawler.stats.get_value("leases/bans") == 2
     assert mw.crawler.stats.get_value("leases/bans_gave_up") == 1
+
+
+def test_with_a_target_a_ban_is_that_targets_only_and_shared_with_jobs():
+    """LEASES_TARGET: the ban of a proxy is recorded for the spider's target (the rows jobs
+    of the queue read too), the proxy stays out of quarantine for everyone else, and this
+    spider's next proxy is one its target does not refuse."""
+    for name in ("a", "b"):
+        Pool("unit").add(name, data={"url": f"http://127.0.0.1:9/{name}"})
+    mw = middleware("unit", LEASES_TARGET="shop.example", LEASES_QUARANTINE=300)
+
+    async def scenario():
+        first = Request("http://shop.example/1")
+        await mw.process_request(first)
+        retry = await mw.process_response(first, banned(first))
+        await mw.process_request(retry)
+        await mw.close()
+        return first, retry
+
+    first, retry = asyncio.run(asyncio.wait_for(scenario(), 20))
+    banned_name = first.meta["leases"]["name"]
+    assert retry.meta["leases"]["name"] != banned_name
+    assert not Resource.objects.filter(pool="unit", quarantined_until__isnull=False).exists()
+    assert set(targets.unusable_now("unit", "shop.example", ["a", "b"])) == {banned_name}
+    assert not targets.unusable_now("unit", "other.example", ["a", "b"])
+    assert Pool("unit", target="shop.example").acquire(ttl=5).name != banned_name  # acquirers of the target too
+    assert mw.crawler.stats.get_value("leases/bans") == 1
 
 
 @pytest.mark.django_db(transaction=False)

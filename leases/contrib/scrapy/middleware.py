@@ -1,78 +1,31 @@
-"""A Scrapy downloader middleware that sends a spider's requests through a leased proxy.
-
-Each spider holds one resource of a pool (a proxy) at a time, so two crawlers never
-share a proxy, a crawler that dies frees its proxy within the ttl, and a banned proxy
-is quarantined and swapped for another while the request is retried on it::
-
-    DOWNLOADER_MIDDLEWARES = {"leases.contrib.scrapy.LeasesMiddleware": 700}
-    LEASES_POOL = "proxies"      # resources whose data is {"url": "http://10.0.0.1:3128"}
-
-Order 700 puts it before Scrapy's HttpProxyMiddleware (750), which turns the userinfo
-of `request.meta["proxy"]` into a Proxy-Authorization header. It needs the asyncio
-reactor (Scrapy's default). Settings:
-
-- ``LEASES_POOL`` (required; without it the middleware is off): the pool of proxies.
-- ``LEASES_TTL`` (60): seconds a proxy of a crawler that died stays out of use.
-- ``LEASES_WAIT`` (300): seconds a request waits for a proxy; then the spider closes
-  with reason ``leases_no_resource``.
-- ``LEASES_FAIR`` (False): serve waiting spiders in the order they came.
-- ``LEASES_QUARANTINE`` (1800): seconds a banned proxy stays out of the pool.
-- ``LEASES_BAN_POLICY`` (``leases.contrib.scrapy.BanPolicy``): import path of a class
-  with ``response_is_ban(request, response)`` and ``exception_is_ban(request,
-  exception)``; built with ``from_crawler`` if it has one.
-- ``LEASES_BAN_RETRIES`` (5): times a banned request is retried on the next proxy before
-  it is dropped (stat ``leases/bans_gave_up``).
-- ``LEASES_ROTATE_REQUESTS`` (0, never) and ``LEASES_ROTATE_SECONDS`` (0, never): swap
-  the proxy after that many requests or seconds; ``LEASES_ROTATE_COOLDOWN`` (0): seconds
-  the proxy rotated out rests before anyone gets it again.
-- ``LEASES_PROXY`` (``leases.contrib.scrapy.proxy_url``): import path of a function
-  ``(resource_data, lease) -> str`` giving the proxy URL of a resource.
-- ``LEASES_TOKEN_HEADER`` (None): a header that carries ``<pool>/<name> <token>`` on each
-  request, so the proxy or the site can refuse a holder whose lease has passed on.
-- ``LEASES_DATABASE_URL`` (None): for a process with no Django project; Django is set up
-  on that database unless it is configured already.
-- ``LEASES_HOLDER`` (host:pid): the holder name stored in the lease.
-
-A request whose ``meta`` has ``leases_skip`` or a ``proxy`` of its own is left alone.
-Every request sent through a lease carries ``meta["leases"]`` (pool, name, id, token).
-Stats: ``leases/acquired``, ``leases/lost``, ``leases/replaced``, ``leases/requests``,
-``leases/bans`` (quarantined the current proxy), ``leases/bans_ignored`` (seen through a
-proxy already given up), ``leases/bans_gave_up``, ``leases/rotations`` and
-``leases/waited_seconds`` (time the spider spent without a proxy).
-"""
+"""The middleware itself: one proxy held per spider, requests routed through it, bans and
+rotations swapping it (see the package's docstring for its settings)."""
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
-from urllib.parse import quote, urlsplit, urlunsplit
 
 from scrapy import Request, signals
-from scrapy.core.downloader.handlers.http11 import TunnelError
-from scrapy.exceptions import IgnoreRequest, NotConfigured
+from scrapy.exceptions import IgnoreRequest
 from scrapy.utils.defer import deferred_from_coro
 from scrapy.utils.misc import load_object
-from twisted.internet.error import ConnectError, ConnectionLost
-from twisted.internet.error import TimeoutError as UserTimeout
 from twisted.python.failure import Failure
-from twisted.web.client import ResponseFailed
 
-from ..exceptions import LeaseError, LeaseLost, NoResourceAvailable
+from ...exceptions import LeaseError, LeaseLost, NoResourceAvailable
+from .config import Config, build, setup_django
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
     from scrapy.http import Response
-    from scrapy.settings import BaseSettings
 
-    from ..holder import AsyncHolder
-    from ..lease import Lease
+    from ...holder import AsyncHolder
+    from ...lease import Lease
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("leases.contrib.scrapy")
 T = TypeVar("T")
 
 #: Seconds between two looks of a waiting request at whether the spider is closing: a
@@ -82,105 +35,6 @@ CLOSING_POLL = 0.1
 DRAIN_POLL = 0.02
 #: Where the middleware keeps its own mark on a request it counts as in flight.
 _IN_FLIGHT = "_leases_in_flight"
-
-
-class BanPolicy:
-    """The default idea of a ban: the site answered 403 or 429, or the proxy could not be
-    reached, dropped the connection or refused a tunnel (a dead or blocked proxy is as
-    useless as a banned one). Subclass it and name yours in LEASES_BAN_POLICY."""
-
-    statuses = frozenset({403, 429})
-    #: ConnectError covers refused connections, TCP timeouts and a proxy host that does
-    #: not resolve; ResponseFailed a connection lost before or during the response.
-    exceptions: tuple[type[BaseException], ...] = (ConnectError, ConnectionLost, ResponseFailed, TunnelError)
-    #: Not bans: DOWNLOAD_TIMEOUT running out (Twisted files it under ConnectError) may
-    #: just be a slow site. Take it out of here if your proxies hang rather than refuse.
-    excluded: tuple[type[BaseException], ...] = (UserTimeout,)
-
-    def response_is_ban(self, request: Request, response: Response) -> bool:
-        return response.status in self.statuses
-
-    def exception_is_ban(self, request: Request, exception: BaseException) -> bool:
-        return isinstance(exception, self.exceptions) and not isinstance(exception, self.excluded)
-
-
-def proxy_url(resource: Any, lease: Lease) -> str:
-    """The proxy URL of a resource: its data's ``url`` (or the data, if it is a string),
-    with its ``username`` and ``password`` put into the URL's userinfo, which Scrapy's
-    HttpProxyMiddleware sends as Proxy-Authorization."""
-    if isinstance(resource, str):
-        return resource
-    url = resource.get("url") if isinstance(resource, dict) else None
-    if not isinstance(url, str) or not url:
-        raise ValueError(f"the data of {lease.pool}/{lease.name} has no 'url'")
-    user, password = resource.get("username"), resource.get("password")
-    if user is None:
-        return url
-    parts = urlsplit(url)
-    userinfo = quote(str(user), safe="") + ("" if password is None else ":" + quote(str(password), safe=""))
-    return urlunsplit(parts._replace(netloc=f"{userinfo}@{parts.netloc.rpartition('@')[2]}"))
-
-
-@dataclass(frozen=True)
-class Config:
-    """The LEASES_* settings, read once (see the module's docstring)."""
-
-    pool: str
-    ttl: float = 60
-    wait: float = 300
-    fair: bool = False
-    quarantine: float = 1800
-    ban_policy: str = "leases.contrib.scrapy.BanPolicy"
-    ban_retries: int = 5
-    rotate_requests: int = 0
-    rotate_seconds: float = 0
-    rotate_cooldown: float = 0
-    proxy: str = "leases.contrib.scrapy.proxy_url"
-    token_header: str | None = None
-    database_url: str | None = None
-    holder: str | None = None
-
-    @classmethod
-    def from_settings(cls, settings: BaseSettings) -> Config:
-        pool = settings.get("LEASES_POOL")
-        if not pool:
-            raise NotConfigured("LEASES_POOL is not set")
-        d = cls(pool=pool)
-        return cls(
-            pool=pool,
-            ttl=settings.getfloat("LEASES_TTL", d.ttl),
-            wait=settings.getfloat("LEASES_WAIT", d.wait),
-            fair=settings.getbool("LEASES_FAIR", d.fair),
-            quarantine=settings.getfloat("LEASES_QUARANTINE", d.quarantine),
-            ban_policy=settings.get("LEASES_BAN_POLICY") or d.ban_policy,
-            ban_retries=settings.getint("LEASES_BAN_RETRIES", d.ban_retries),
-            rotate_requests=settings.getint("LEASES_ROTATE_REQUESTS", d.rotate_requests),
-            rotate_seconds=settings.getfloat("LEASES_ROTATE_SECONDS", d.rotate_seconds),
-            rotate_cooldown=settings.getfloat("LEASES_ROTATE_COOLDOWN", d.rotate_cooldown),
-            proxy=settings.get("LEASES_PROXY") or d.proxy,
-            token_header=settings.get("LEASES_TOKEN_HEADER") or None,
-            database_url=settings.get("LEASES_DATABASE_URL") or None,
-            holder=settings.get("LEASES_HOLDER") or None,
-        )
-
-
-def setup_django(database_url: str | None) -> None:
-    """Make the leases models usable: a process with no Django project is set up on
-    `database_url`; one that has a project keeps it (`leases.configure` decides)."""
-    from django.conf import settings
-    from django.core.exceptions import ImproperlyConfigured
-
-    from ..setup import configure
-
-    if not database_url and not settings.configured and not os.environ.get("DJANGO_SETTINGS_MODULE"):
-        raise ImproperlyConfigured("leases.contrib.scrapy: set LEASES_DATABASE_URL (or configure Django)")
-    configure(database_url=database_url or "")
-
-
-def build(path: str, crawler: Crawler) -> Any:
-    """An instance of the class at `path`, through its `from_crawler` if it has one."""
-    cls = load_object(path)
-    return cls.from_crawler(crawler) if hasattr(cls, "from_crawler") else cls()
 
 
 def same(tag: dict | None, lease: Lease | None) -> bool:
@@ -212,9 +66,9 @@ class LeasesMiddleware:
     def __init__(self, crawler: Crawler, config: Config) -> None:
         self.crawler, self.config = crawler, config
         setup_django(config.database_url)
-        from ..pool import Pool
+        from ...pool import Pool
 
-        self.pool = Pool(config.pool)
+        self.pool = Pool(config.pool, target=config.target)
         self.policy = build(config.ban_policy, crawler)
         self.proxy_of: Callable[[Any, Lease], str] = load_object(config.proxy)
         self.holder: AsyncHolder | None = None
@@ -253,7 +107,7 @@ class LeasesMiddleware:
     def _start(self) -> AsyncHolder:
         """The holder, made and told to acquire the first time it is needed."""
         if self.holder is None:
-            from ..holder import AsyncHolder
+            from ...holder import AsyncHolder
 
             c = self.config
             self.holder = AsyncHolder(self.pool, ttl=c.ttl, wait=c.wait, fair=c.fair, holder=c.holder,
@@ -479,7 +333,12 @@ class LeasesMiddleware:
         nothing about the current one, so it only costs the request a retry."""
         lease = self.holder.lease if self.holder is not None else None
         name = f"{tag['pool']}/{tag['name']} (token {tag['token']})"
-        if lease is not None and same(tag, lease):
+        if lease is not None and same(tag, lease) and self.config.target:
+            self.stats.inc_value("leases/bans")
+            log.warning("leases: ban on %s: %s; banning it for target %r for %gs", name, what, self.config.target,
+                        self.config.quarantine)
+            self._replace_soon(lease, ban=f"ban: {what}")
+        elif lease is not None and same(tag, lease):
             self.stats.inc_value("leases/bans")
             log.warning("leases: ban on %s: %s; quarantining it for %gs", name, what, self.config.quarantine)
             self._replace_soon(lease, quarantine=self.config.quarantine, reason=f"ban: {what}")
@@ -517,6 +376,16 @@ class LeasesMiddleware:
     async def _replace(self, lease: Lease, how: dict) -> None:
         if how.pop("drain", False):
             await self._drain(lease, how)
+        reason = how.pop("ban", None)
+        if reason is not None:  # the target's only: recorded, then the proxy is swapped as a rotation is
+            from ... import targets  # after Django is set up (setup_django)
+
+            c = self.config
+            try:
+                await asyncio.get_running_loop().run_in_executor(
+                    None, lambda: targets.ban(c.pool, lease.name, c.target, c.quarantine, reason, self.pool.using))
+            except Exception as exc:  # noqa: BLE001 - the swap still happens; the ban is lost
+                log.warning("leases: could not record the ban of %s for %r: %s", where(lease), c.target, exc)
         try:
             await self._start().replace(of=lease, **how)
         except LeaseLost as exc:
@@ -530,7 +399,7 @@ class LeasesMiddleware:
         proxy goes to nobody, so a ban ends the wait."""
         key = key_of(lease)
         deadline = time.monotonic() + min(self.config.ttl, lease.remaining())
-        while self._in_flight.get(key) and "quarantine" not in how and not self._stopping():
+        while self._in_flight.get(key) and not {"quarantine", "ban"} & set(how) and not self._stopping():
             if time.monotonic() >= deadline:
                 log.warning("leases: rotating %s with %d requests still out", where(lease),
                             self._in_flight[key])
