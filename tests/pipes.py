@@ -8,7 +8,7 @@ import time
 
 import tests.jobs  # noqa: F401 - registers the limit.* handlers the limited pipelines run
 from leases.pipelines import Pipeline, Stage, cancelled
-from leases.tasks import Fail, handler
+from leases.tasks import Fail, Needs, handler
 
 
 def _record(payload: dict, name: str) -> None:
@@ -127,6 +127,17 @@ limited_fan = Pipeline("limited-fan", [
 rated_fan = Pipeline("rated-fan", [
     Stage("list", ["p.items"]),
     Stage("each", ["limit.rated"], for_each="p.items", max_parallel=6),
+])
+
+@handler("p.leased", queue="default", backoff=0.0, lease=Needs("pipepool", target=lambda p: p["item"]["site"]))
+def leased(payload, ctx):
+    """A pipeline task that holds a resource while it runs: returns its name and token."""
+    return [ctx.lease.name, ctx.lease.token]
+
+
+leased_fan = Pipeline("leased-fan", [
+    Stage("list", ["p.items"]),
+    Stage("each", ["p.leased"], for_each="p.items", max_parallel=6),
 ])
 
 sites_fan = Pipeline("sites-fan", [

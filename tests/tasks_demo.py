@@ -4,8 +4,9 @@ from __future__ import annotations
 import os
 import time
 
-from leases.tasks import handler
+from leases.tasks import Needs, handler
 from leases.tasks.backend import Task  # noqa: F401 - the framework in use (django.tasks or the backport)
+from leases.tasks.context import current
 
 try:
     from django.tasks import task
@@ -55,3 +56,11 @@ def one_at_a_time(log: str, seconds: float) -> None:
 def rated_per_site(site: str, n: int) -> int:
     """Two starts a second per site: its key is a function of the task's arguments."""
     return n
+
+
+@handler(lease=Needs("proxies", target=lambda site: site))
+@task()
+def leased_call(site: str) -> str:
+    """Holds a resource of pool "proxies" while it runs; returns its name (its lease is
+    reached through the attempt's context, as a task takes no `ctx`)."""
+    return current().lease.name

@@ -16,8 +16,8 @@ class PipelinesConfig(AppConfig):
         from leases import conf
 
         register(conf.check_settings)  # also when leases.tasks is missing: leases.E015 says so
-        if not self.apps.is_installed("leases.tasks"):
-            return  # what follows runs on the job queue
+        if not self.apps.is_installed("leases.tasks") or not self.apps.is_installed("leases"):
+            return  # what follows runs on the job queue, and it on the base app (E014, E015)
         from leases.tasks import registry
 
         from . import definition, machine, outcomes, payload, runs

@@ -168,10 +168,11 @@ def _top_up(run: Run, stage: StageRun, spec: Stage, now: datetime, using: str) -
 
 def _queue(run: Run, stage: StageRun, tasks: list[TaskRun], now: datetime, using: str) -> None:
     """Push the jobs of `tasks` and mark them queued, in the caller's transaction. Each
-    job is made from its handler's settings; a limit key that is a function of the
-    payload is computed from what the handler will receive (its item, the run's context).
+    job is made from its handler's settings; a limit key, target or affinity key that is a
+    function of the payload is computed from what the handler will receive (its item, the
+    run's context).
     Each carries the run's trace context, whichever process pushes it."""
-    keyed = [task.pk for task in tasks if callable(registry.get(task.task).limit_key)]
+    keyed = [task.pk for task in tasks if registry.get(task.task).keyed]
     received = payload.limit_payloads(run, stage.name, keyed, using) if keyed else {}
     new = [
         new_job(task.task, {"run": run.pk, "stage": stage.name, "task": task.pk}, key=f"pipeline:{run.pk}:{task.pk}",

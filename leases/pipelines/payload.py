@@ -101,6 +101,8 @@ class PipelineTask:
         return self.spec.delay(attempt)
 
     def run(self, job: Any) -> Any:
+        if self.spec.takes_context:  # its context, its lease included (a handler with `lease=`)
+            return self.spec.func(task_payload(job.payload), ctx=job.context)
         return self.spec.func(task_payload(job.payload))
 
 

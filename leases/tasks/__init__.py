@@ -17,6 +17,9 @@ _EXPORTS = {
     "Fail": "leases.exceptions",
     "BadResult": "leases.exceptions",
     "UnknownHandler": "leases.exceptions",
+    "Needs": "leases.tasks.needs",
+    "Banned": "leases.exceptions",
+    "JobContext": "leases.tasks.context",
 }
 
 __all__ = sorted(_EXPORTS)

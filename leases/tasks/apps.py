@@ -27,4 +27,5 @@ class TasksConfig(AppConfig):
         add_panels(10, readings.job_panels)  # first on the dashboard; the pools come at 20
         add_panels(30, readings.dispatcher_panels)
         add_metrics(20, readings.job_metrics)
+        add_metrics(25, readings.resource_job_metrics)
         add_metrics(30, readings.dispatcher_metrics)

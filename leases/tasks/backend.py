@@ -73,6 +73,7 @@ class TaskJobSettings:
     limit_key: Any = None
     concurrency: int | None = None
     rate: str = ""
+    needs: Any = None
 
 
 class DatabaseBackend(BaseTaskBackend):
@@ -96,7 +97,7 @@ class DatabaseBackend(BaseTaskBackend):
         self.validate_task(task)
         limits = registry.task_limits(task.module_path)
         settings = TaskJobSettings(task.queue_name, self.max_attempts, limits.limit_key, limits.concurrency,
-                                   limits.rate)
+                                   limits.rate, limits.needs)
         try:
             job = new_job(
                 task.module_path, {"args": list(args), "kwargs": dict(kwargs)}, settings=settings,

@@ -64,6 +64,7 @@ from leases.ops.readings import WINDOW, needs
 from leases.sql import in_list
 
 from . import registry, sql
+from .jobs import leasing
 from .models import DispatchWorker, Job, PoolTask, Queue, TaskPool
 
 #: One colour per queue in the depth charts, busiest first; the last is for the rest.
@@ -332,13 +333,24 @@ def dispatchers(using: str) -> Panel:
 
 @needs(VIEW_JOBS)
 def job_panels(now: datetime, using: str) -> list[Panel]:
-    """Jobs finished and waiting over the hour and the day, and failures per queue: four
-    queries (the failures are counted from the finished jobs' readings)."""
+    """Jobs finished and waiting over the hour and the day, failures per queue, and jobs
+    waiting for a resource per pool: five queries (the failures are counted from the
+    finished jobs' readings), and one per pool whose jobs wait."""
     hour, day = finished_per_bar(HOUR, now, using), finished_per_bar(DAY, now, using)
     found = [throughput(HOUR, hour, now, using), throughput(DAY, day, now, using)]
     found += [depth(window, waiting_per_bar(window, now, using), now, using) for window in (HOUR, DAY)]
     found.append(failures(day, hour, using))
+    found.append(waiting_for_resources(using))
     return found
+
+
+def waiting_for_resources(using: str) -> Panel:
+    """Jobs due and waiting for a resource, per pool, and why (jobs.leasing.waiting)."""
+    rows = [Row(wait.pool, [("waiting", ORANGE, wait.due)], f"{wait.due:,} due · {wait.reason}")
+            for wait in leasing.waiting(using, every=True)]
+    if not rows:
+        return Panel("Jobs waiting for a resource", nothing("No job waits for a resource."))
+    return Panel("Jobs waiting for a resource", rows_chart(f"Due jobs of {len(rows)} pool(s)", rows, shares=False))
 
 
 @needs(VIEW_DISPATCHERS)
@@ -378,6 +390,18 @@ def job_metrics(now: datetime, using: str) -> Iterator[Any]:
     yield jobs
     yield from _queue_metrics(now, backlog, queues)
     yield from _outcome_metrics(durations)
+
+
+@needs(VIEW_JOBS)
+def resource_job_metrics(now: datetime, using: str) -> Iterator[Any]:
+    """Due jobs waiting for a resource, per pool."""
+    from prometheus_client.core import GaugeMetricFamily
+
+    family = GaugeMetricFamily("leases_jobs_waiting_for_resource",
+                               "Due jobs that wait for a free resource of their pool.", labels=["pool"])
+    for wait in leasing.waiting(using, every=True):
+        family.add_metric([wait.pool], wait.due)
+    yield family
 
 
 def _queue_metrics(now: datetime, backlog: Backlog, queues: list[str]) -> Iterator[Any]:

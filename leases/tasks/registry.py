@@ -18,7 +18,7 @@ import inspect
 import logging
 import math
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from django.utils.module_loading import autodiscover_modules
@@ -28,6 +28,7 @@ from leases.validation import Backoff, check_attempts, check_backoff, check_name
 
 from .jobs import limits
 from .models import JOB_NAME_LENGTH
+from .needs import Needs, by_payload, needs_of
 
 #: Longest pause between two attempts, whatever the backoff says.
 MAX_BACKOFF = 86400.0
@@ -73,9 +74,20 @@ class Handler:
     rate: str = ""
     #: An app's bookkeeping (a pipeline's advance event), not an operator's work.
     internal: bool = False
+    #: The resource its jobs hold while they run (see leases.tasks.needs).
+    needs: Needs | None = None
+    #: Whether it takes the attempt's context (a parameter named `ctx`).
+    takes_context: bool = False
+
+    @property
+    def keyed(self) -> bool:
+        """Whether its jobs' keys are computed from what it receives (see needs.by_payload)."""
+        return by_payload(self.limit_key, self.needs)
 
     def run(self, job: Any) -> Any:
         """Run one claimed job (the worker's entry point; other runners override it)."""
+        if self.takes_context:
+            return self.func(job.payload, ctx=job.context)
         return self.func(job.payload)
 
     def delay(self, attempt: int) -> float:
@@ -91,6 +103,8 @@ class TaskLimits:
     limit_key: LimitKey = None
     concurrency: int | None = None
     rate: str = ""
+    #: The resource each of its jobs holds while it runs (see leases.tasks.needs).
+    needs: Needs | None = None
 
 
 _HANDLERS: dict[str, Handler] = {}
@@ -108,6 +122,7 @@ def handler(
     concurrency: int | None = None,
     rate: str | None = None,
     internal: bool = False,
+    lease: str | Needs | None = None,
 ) -> Callable[[Any], Any]:
     """Register the decorated function as the handler of jobs named `name`.
 
@@ -122,13 +137,19 @@ def handler(
     `internal` marks jobs an app makes for its own bookkeeping (a pipeline's advance
     event): job lists and counts meant for operators leave them out unless asked.
 
+    `lease` (a pool's name, or `Needs(...)`) makes each job hold a resource of that pool
+    while it runs: it is claimed only together with a lease on a qualifying free one (see
+    leases.tasks.needs). A handler with a parameter named `ctx` receives its attempt's
+    context (`leases.tasks.context.JobContext`), its lease included.
+
     Above a Django task (``@handler(concurrency=1)`` over ``@task()``), without a name, it
     sets the limits of that task's jobs; `limit_key` is then a function of the task's
     arguments. Its queue stays the task's, its attempts, backoff and timeout the backend's.
     """
     if limit_key is not None and not callable(limit_key):
         limits.check_limit_key(limit_key)
-    shared = dict(limit_key=limit_key, concurrency=limits.check_concurrency(concurrency), rate=limits.check_rate(rate))
+    shared = dict(limit_key=limit_key, concurrency=limits.check_concurrency(concurrency), rate=limits.check_rate(rate),
+                  needs=needs_of(lease))
     own = dict(queue=queue, max_attempts=max_attempts, backoff=backoff, timeout=timeout, internal=internal)
 
     def register(func: Any) -> Any:
@@ -144,7 +165,8 @@ def handler(
                              " worker threads; register a plain function that runs it instead, e.g."
                              " `def fetch(payload): return asyncio.run(afetch(payload))`")
         spec = Handler(name=name, func=func, queue=check_queue(queue), max_attempts=check_attempts(max_attempts),
-                       backoff=check_backoff(backoff), timeout=check_timeout(timeout), internal=internal, **shared)
+                       backoff=check_backoff(backoff), timeout=check_timeout(timeout), internal=internal,
+                       takes_context=_takes_context(func), **shared)
         existing = _HANDLERS.get(name)
         if existing is not None and existing.func is not func and _qualname(existing.func) != _qualname(func):
             raise ValueError(f"handler {name!r} is already registered to {_qualname(existing.func)}")
@@ -152,6 +174,14 @@ def handler(
         return func
 
     return register
+
+
+def _takes_context(func: Callable[..., Any]) -> bool:
+    """Whether `func` has a parameter named `ctx` (it then receives its attempt's context)."""
+    try:
+        return "ctx" in inspect.signature(func).parameters
+    except (TypeError, ValueError):  # a builtin without a signature
+        return False
 
 
 def _is_task(func: Any) -> bool:
@@ -167,10 +197,19 @@ def _register_task(task: Any, name: str | None, own: dict[str, Any], shared: dic
         raise ValueError(f"@handler() above the Django task {task.module_path} takes only limit_key, concurrency"
                          " and rate: its queue is @task(queue_name=...), its attempts, backoff and timeout are"
                          " the OPTIONS of its TASKS entry")
-    key = shared["limit_key"]
-    if callable(key):
-        shared = {**shared, "limit_key": lambda payload, key=key: key(*payload["args"], **payload["kwargs"])}
+    shared = {**shared, "limit_key": _of_arguments(shared["limit_key"])}
+    needs = shared["needs"]
+    if needs is not None:  # its keys are functions of the task's arguments, as limit_key's
+        shared["needs"] = replace(needs, target=_of_arguments(needs.target), affinity=_of_arguments(needs.affinity))
     _TASKS[task.module_path] = TaskLimits(**shared)
+
+
+def _of_arguments(key: Any) -> Any:
+    """A key function of a Django task's arguments as one of its job's payload
+    ({"args": [...], "kwargs": {...}}); anything else as it is."""
+    if not callable(key):
+        return key
+    return lambda payload, key=key: key(*payload["args"], **payload["kwargs"])
 
 
 def _qualname(func: Callable[..., Any]) -> str:
@@ -212,6 +251,11 @@ def internal_names() -> frozenset[str]:
     """The names of jobs apps make for their own bookkeeping (see `handler`'s `internal`)."""
     discover()
     return frozenset(name for name, spec in _HANDLERS.items() if spec.internal)
+
+
+def task_pools() -> set[str]:
+    """The pools Django tasks' jobs need (`@handler(lease=...)` above `@task()`)."""
+    return {limits.needs.pool for limits in _TASKS.values() if limits.needs is not None}
 
 
 def task_limits(module_path: str) -> TaskLimits:

@@ -14,43 +14,47 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from leases.sql import register, statements
+from leases.sql import USABLE_FOR, register, statements
 
 from .models import JobStatus, RunStatus, TaskState
 
 _CLAIMED_COLUMNS = (
     "id, priority, run_at, queue, name, backend, payload, attempt, max_attempts, dedupe_key, claims, on_finish,"
-    " limit_key, concurrency, rate, traceparent"
+    " limit_key, concurrency, rate, traceparent, pool, target, affinity, turn, resource_id, lease_token"
 )
 
 JOBS = {
     # -- push: one row per job, a VALUES group per job ("values_after" or "values_at") --
     "insert": (
         "INSERT INTO {j} (queue, name, backend, on_finish, payload, dedupe_key, pending_key, priority,"
-        " limit_key, concurrency, rate, max_attempts, traceparent, run_at, status, attempt, claims, pushes,"
-        " worker, enqueued_at) VALUES "
+        " limit_key, concurrency, rate, max_attempts, traceparent, pool, target, affinity, turn, run_at, status,"
+        " attempt, claims, pushes, worker, enqueued_at) VALUES "
     ),
     # params: queue, name, backend, on_finish, payload, key, key, priority, limit key,
-    # concurrency, rate, max_attempts, traceparent, then the delay ("after") or the run
-    # time ("at")
+    # concurrency, rate, max_attempts, traceparent, pool, target, affinity, turn, then the
+    # delay ("after") or the run time ("at")
     "values_after": (
-        "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, {later}, {job.ready}, 0, 0, 1, '', {now})"
+        "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, {later}, {job.ready}, 0, 0, 1, '',"
+        " {now})"
     ),
-    "values_at": "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, {job.ready}, 0, 0, 1, '', {now})",
+    "values_at": (
+        "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, {job.ready}, 0, 0, 1, '', {now})"
+    ),
     # PostgreSQL's push (its dialect's `arrays`): one array per column, so the statement's
     # text is the same for any number of jobs and is parsed once by the driver and the
     # server (1,000 rows of 14 placeholders cost psycopg more to parse than the server to
     # write). params, one list each: queue, name, backend, on_finish, payload, key,
-    # priority, limit key, concurrency, rate, max_attempts, traceparent, run time (None:
-    # after the delay), delay in microseconds
+    # priority, limit key, concurrency, rate, max_attempts, traceparent, pool, target,
+    # affinity, turn, run time (None: after the delay), delay in microseconds
     "insert_arrays": (
         "INSERT INTO {j} (queue, name, backend, on_finish, payload, dedupe_key, pending_key, priority,"
-        " limit_key, concurrency, rate, max_attempts, traceparent, run_at, status, attempt, claims, pushes,"
-        " worker, enqueued_at) SELECT q, n, b, f, p, k, k, pr, lk, c, r, ma, tp,"
-        " COALESCE(t.at, {now} + t.delay * INTERVAL '1 microsecond'), {job.ready}, 0, 0, 1, '', {now}"
+        " limit_key, concurrency, rate, max_attempts, traceparent, pool, target, affinity, turn, run_at, status,"
+        " attempt, claims, pushes, worker, enqueued_at) SELECT q, n, b, f, p, k, k, pr, lk, c, r, ma, tp, po, ta,"
+        " af, tu, COALESCE(t.at, {now} + t.delay * INTERVAL '1 microsecond'), {job.ready}, 0, 0, 1, '', {now}"
         " FROM unnest(%s::varchar[], %s::varchar[], %s::varchar[], %s::varchar[], %s::jsonb[], %s::varchar[],"
-        " %s::smallint[], %s::varchar[], %s::int[], %s::varchar[], %s::int[], %s::varchar[], %s::timestamptz[],"
-        " %s::bigint[]) AS t(q, n, b, f, p, k, pr, lk, c, r, ma, tp, at, delay)"
+        " %s::smallint[], %s::varchar[], %s::int[], %s::varchar[], %s::int[], %s::varchar[], %s::varchar[],"
+        " %s::varchar[], %s::varchar[], %s::bigint[], %s::timestamptz[], %s::bigint[])"
+        " AS t(q, n, b, f, p, k, pr, lk, c, r, ma, tp, po, ta, af, tu, at, delay)"
     ),
     # A waiting job with the same key takes the new run time and priority (the latest
     # push says what is wanted now), keeps its name and payload, and counts the push.
@@ -69,11 +73,8 @@ JOBS = {
     "move_waiting_after": "UPDATE {j} SET run_at = {later}, priority = %s, pushes = pushes + 1 WHERE pending_key = %s",
     "move_waiting_at": "UPDATE {j} SET run_at = %s, priority = %s, pushes = pushes + 1 WHERE pending_key = %s",
     # -- queues and their bounds --
-    # Is the queue holding at least n waiting jobs? params: queue, n - 1
-    "queue_holds": (
-        "SELECT 1 FROM {j} WHERE status = {job.ready} AND queue = %s ORDER BY priority DESC, run_at"
-        " LIMIT 1 OFFSET %s"
-    ),
+    # Is the queue holding at least n waiting jobs (of any pool's lane)? params: queue, n - 1
+    "queue_holds": "SELECT 1 FROM {j} WHERE status = {job.ready} AND queue = %s LIMIT 1 OFFSET %s",
     # A queue's settings. params: name
     "queue_settings": "SELECT paused, max_length, when_full, full_timeout FROM {q} WHERE name = %s",
     # Every queue's (a row per queue ever pushed to: a few).
@@ -84,19 +85,21 @@ JOBS = {
         "INSERT INTO {q} (name, paused, max_length, when_full, full_timeout) VALUES (%s, %s, NULL, %s, %s)"
         " {upsert[name]} name = {new[name]}"
     ),
-    # -- claim: per queue, an index range scan of ready rows in claim order --
-    # params: queue, how many
+    # -- claim: per queue, an index range scan of ready rows in claim order; jobs that
+    # need no resource (pool '': their turn is 0), or one pool's (jobs.leasing) --
+    # params: queue, pool, how many
     "due": (
-        f"SELECT {_CLAIMED_COLUMNS} FROM {{j}} WHERE status = {{job.ready}} AND queue = %s AND run_at <= {{now}}"
-        " ORDER BY priority DESC, run_at, id LIMIT %s{skip_locked}"
+        f"SELECT {_CLAIMED_COLUMNS} FROM {{j}} WHERE status = {{job.ready}} AND queue = %s AND pool = %s"
+        " AND run_at <= {now} ORDER BY priority DESC, turn, run_at, id LIMIT %s{skip_locked}"
     ),
     # ... but for jobs of handlers the worker lacks and another live worker has (see
-    # jobs.handoff). Completed with the names, then "due_skipping_tail". params: queue, names, how many
+    # jobs.handoff). Completed with the names, then "due_skipping_tail". params: queue,
+    # pool, names, how many
     "due_skipping": (
-        f"SELECT {_CLAIMED_COLUMNS} FROM {{j}} WHERE status = {{job.ready}} AND queue = %s AND run_at <= {{now}}"
-        " AND name NOT IN ("
+        f"SELECT {_CLAIMED_COLUMNS} FROM {{j}} WHERE status = {{job.ready}} AND queue = %s AND pool = %s"
+        " AND run_at <= {now} AND name NOT IN ("
     ),
-    "due_skipping_tail": " ORDER BY priority DESC, run_at, id LIMIT %s{skip_locked}",
+    "due_skipping_tail": " ORDER BY priority DESC, turn, run_at, id LIMIT %s{skip_locked}",
     # params: worker, ttl, then ids
     "claim": (
         "UPDATE {j} SET status = {job.running}, attempt = attempt + 1, claims = claims + 1, worker = %s,"
@@ -144,6 +147,12 @@ JOBS = {
         " AND id IN ("
     ),
     "take_over_queues": " AND queue IN (",
+    # A target refused the job's resource: back now, the try given back; the next claim
+    # pairs it with another resource (this one is banned for its target). params: id, claims
+    "give_back_banned": (
+        "UPDATE {j} SET status = {job.ready}, run_at = {now}, attempt = CASE WHEN attempt > 0 THEN attempt - 1"
+        " ELSE 0 END, worker = '', expires_at = NULL WHERE id = %s AND claims = %s AND status = {job.running}"
+    ),
     # ... unless no worker has had the handler for the grace period. params: id, claims, -grace
     "fail_unhandled": (
         "UPDATE {j} SET status = {job.failed}, finished_at = {now}, expires_at = NULL"
@@ -301,6 +310,90 @@ LIMITS = {
     ),
 }
 
+#: A resource row's target (the parameter) does not refuse it now (leases.targets).
+_USABLE_FOR = USABLE_FOR.replace("{t}", "{r}")
+
+# Jobs that hold resources (see leases.tasks.jobs.leasing): the claim of a pool's jobs
+# with their leases, their renewal and release, affinities and turns. The resources'
+# own statements (claim, release) are the base app's ("resource" kind).
+LEASING = {
+    # Whether the pool has a free slot at all. params: pool
+    "any_free": "SELECT 1 FROM {r} WHERE pool = %s AND busy_before <= {now} LIMIT 1",
+    # The pool's free slots a target does not refuse now (banned, rested or paced: each
+    # a probe of the unique (pool, target, name) index), longest free first, locked: an
+    # index range read of (pool, busy_before). params: pool, target, how many
+    "free_for": (
+        "SELECT id, token, name, slot, data FROM {r} WHERE pool = %s AND busy_before <= {now}" + _USABLE_FOR
+        + " ORDER BY busy_before, id LIMIT %s{skip_locked}"
+    ),
+    # ... of one resource (an affinity key's). params: pool, target, name
+    "free_named": (
+        "SELECT id, token, name, slot, data FROM {r} WHERE pool = %s AND busy_before <= {now}" + _USABLE_FOR
+        + " AND name = %s ORDER BY slot{skip_locked}"
+    ),
+    # Which of these resources exist unquarantined (held ones too). params: pool, then names
+    "usable_named": (
+        "SELECT DISTINCT name FROM {r} WHERE pool = %s AND (quarantined_until IS NULL OR quarantined_until <= {now})"
+        " AND name IN ("
+    ),
+    # A resource by id (a lease read back after a lost reply). params: id
+    "resource": "SELECT name, slot, data FROM {r} WHERE id = %s",
+    # Lease the paired slots, each under its job's holder, in one statement (the rows are
+    # locked by the claim; the token grows): "take" + one " WHEN %s THEN %s" (slot id,
+    # holder) per slot + "take_tail" + the ids. params: ttl, the pairs, then ids
+    "take": "UPDATE {r} SET busy_before = {later}, holder = CASE id",
+    "take_tail": (
+        " END, token = token + 1, acquired_at = {now}, renewed_at = {now}, quarantined_until = NULL,"
+        " quarantine_reason = '' WHERE busy_before <= {now} AND id IN ("
+    ),
+    # The claim of jobs with their leases: "claim_leased" + " WHEN %s THEN %s" (job id,
+    # resource id) per job + "claim_leased_middle" + the same (job id, token) +
+    # "claim_leased_tail" + the ids. params: worker, ttl, the pairs, the pairs, then ids
+    "claim_leased": (
+        "UPDATE {j} SET status = {job.running}, attempt = attempt + 1, claims = claims + 1, worker = %s,"
+        " pending_key = NULL, started_at = {now}, expires_at = {later}, resource_id = CASE id"
+    ),
+    "claim_leased_middle": " END, lease_token = CASE id",
+    "claim_leased_tail": " END WHERE status = {job.ready} AND id IN (",
+    # Release the slots of ended attempts, each only while its lease holds it: completed
+    # as "renew" is. params: cool-down, ...
+    "release": "UPDATE {r} SET busy_before = {later}, holder = '' WHERE (",
+    # Which resource each affinity key's jobs last used. params: pool, then keys
+    "bound": "SELECT affinity, name FROM {a} WHERE pool = %s AND affinity IN (",
+    # params: pool, key, name
+    "bind": (
+        "INSERT INTO {a} (pool, affinity, name, updated_at) VALUES (%s, %s, %s, {now})"
+        " {upsert[pool, affinity]} name = {new[name]}, updated_at = {new[updated_at]}"
+    ),
+    # The heartbeat renews the leases of a worker's jobs: completed with one
+    # "(id = %s AND token = %s AND holder = %s)" per lease, OR'd, and ")". params: ttl, ...
+    "renew": "UPDATE {r} SET busy_before = {later}, renewed_at = {now} WHERE busy_before > {now} AND (",
+    # ... and which of them it still holds. Completed the same way.
+    "held": "SELECT id FROM {r} WHERE busy_before > {now} AND (",
+    # The leases of the attempts a worker hands back. params: worker
+    "leases_of": (
+        "SELECT resource_id, lease_token, id FROM {j} WHERE status = {job.running} AND worker = %s"
+        " AND resource_id IS NOT NULL"
+    ),
+    # A lane's current turn: its first job's in claim order. params: queue, pool
+    "frontier": (
+        "SELECT turn FROM {j} WHERE status = {job.ready} AND queue = %s AND pool = %s"
+        " ORDER BY priority DESC, turn, run_at, id LIMIT 1"
+    ),
+    # params: pool, queue, then targets
+    "last_turns": "SELECT target, last_turn FROM {p} WHERE pool = %s AND queue = %s AND target IN (",
+    # params: pool, queue, target, turn
+    "set_turn": (
+        "INSERT INTO {p} (pool, queue, target, last_turn) VALUES (%s, %s, %s, %s) {upsert[pool, queue, target]}"
+        " last_turn = CASE WHEN {p}.last_turn > {new[last_turn]} THEN {p}.last_turn ELSE {new[last_turn]} END"
+    ),
+    # Jobs due and waiting for each pool (a read of the ready rows of the claim index).
+    "due_per_pool": (
+        "SELECT pool, COUNT(*) FROM {j} WHERE status = {job.ready} AND pool <> '' AND run_at <= {now}"
+        " GROUP BY pool"
+    ),
+}
+
 _FROM_JOB = "(SELECT j.{col} FROM {j} j WHERE j.id = {r}.job_id)"
 
 # A schedule's runs (see leases.tasks.schedules).
@@ -426,6 +519,8 @@ register("limits", LIMITS, {"k": "leases_tasks.LimitKey", "j": _JOB}, {"job": Jo
 register("schedule", SCHEDULES, {"r": "leases_tasks.ScheduleRun", "s": "leases_tasks.Schedule", "j": _JOB},
          {"job": JobStatus, "run": RunStatus})
 register("readings", READINGS, {"j": _JOB}, {"job": JobStatus})
+register("leasing", LEASING, {"j": _JOB, "r": "leases.Resource", "g": "leases.ResourceTarget",
+                              "a": "leases_tasks.Affinity", "p": "leases_tasks.PoolTurn"}, {"job": JobStatus})
 register("dispatch", DISPATCH, {"t": "leases_tasks.PoolTask", "w": "leases_tasks.DispatchWorker",
                                 "p": "leases_tasks.TaskPool"}, {"task": TaskState})
 
@@ -449,6 +544,10 @@ def schedules(connection: Any) -> SimpleNamespace:
 
 def readings(connection: Any) -> SimpleNamespace:
     return statements(connection, "readings")
+
+
+def leasing(connection: Any) -> SimpleNamespace:
+    return statements(connection, "leasing")
 
 
 def dispatch(connection: Any) -> SimpleNamespace:

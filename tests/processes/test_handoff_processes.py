@@ -32,7 +32,9 @@ def stop(workers, procs) -> None:
 
 def test_workers_without_the_handler_hand_its_jobs_to_the_one_that_has_it_at_once(workers):
     lacking = [workers.start("--queue", "default", "--concurrency", "4") for _ in range(2)]
-    capable = workers.start("--queue", "default", "--concurrency", "2", *WITH_IT)
+    # Polling every 2 s, never woken by a push: the workers without the handler claim the
+    # jobs first, so what they do with them is what this tests.
+    capable = workers.start("--queue", "default", "--concurrency", "2", "--poll", "2", "--no-listen", *WITH_IT)
     started(workers, [*lacking, capable])
     push_many([("crawl.sitemap", {"n": n}) for n in range(8)])
     wait_for(lambda: Job.objects.filter(status=Job.SUCCEEDED).count() == 8, 8, "the jobs, within 8 s")

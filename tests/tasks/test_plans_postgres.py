@@ -41,7 +41,7 @@ def stale_jobs():
 def test_the_claim_reads_the_claim_index_in_claim_order(stale_jobs):
     """Without the id in the index, each claim read and sorted all 20,000 ready rows (on
     disk: 14 ms a claim, and the drain's rate fell with the backlog)."""
-    shown = analyzed(statements(connection, "job").due, ["default", 10])
+    shown = analyzed(statements(connection, "job").due, ["default", "", 10])
     assert "leases_job_claim" in shown and "Seq Scan" not in shown and "Sort" not in shown, shown
     assert "rows=10 " in shown.split("Index Scan")[1], shown  # it stops after the ten it claims
 
@@ -60,3 +60,21 @@ def test_the_acquire_reads_the_pool_index():
     Pool("big").add_many([(f"r{n}", None) for n in range(20_000)])
     shown = plan(statements(connection).candidates, ["big", 8])
     assert "Index" in shown and "Seq Scan" not in shown, shown
+
+
+def test_a_pools_lane_is_read_in_turn_order_and_its_free_slots_through_the_pool_index():
+    """Jobs that hold resources: their lane of the claim index, by priority and turn, stops
+    after the jobs it reads; a target's free slots are a range of the pool's index with a
+    probe of its bans per row, never a read of the whole pool or of every ban."""
+    import tests.tasks.test_leased_jobs  # noqa: F401 - registers lease.fetch (pool "proxies")
+    from leases import targets
+
+    push_many([("lease.fetch", {"n": n, "site": f"s{n % 50}"}) for n in range(20_000)])
+    shown = analyzed(statements(connection, "job").due, ["crawl", "proxies", 10])
+    assert "leases_job_claim" in shown and "Seq Scan" not in shown and "Sort" not in shown, shown
+    assert "rows=10 " in shown.split("Index Scan")[1], shown
+    Pool("proxies").add_many([(f"r{n}", None) for n in range(20_000)])
+    for n in range(0, 200, 2):
+        targets.ban("proxies", f"r{n}", "s1", 600)
+    shown = analyzed(statements(connection, "leasing").free_for, ["proxies", "s1", 64])
+    assert "leases_resource_free" in shown and "Seq Scan on leases_resource " not in shown, shown

@@ -357,7 +357,8 @@ def test_prune_deletes_workers_gone_longer_than_the_cutoff(capsys):
                                  concurrency=1, started_at=now - timedelta(days=9), heartbeat_at=now - gone,
                                  expires_at=now - gone)
     call_command("leases_prune", "--older-than", "7d")
-    assert "deleted 0 finished jobs and 1 stopped workers older than 7d" in capsys.readouterr().out
+    assert "deleted 0 finished jobs, 1 stopped workers and 0 targets' past bans, rests and paces older than 7d" in (
+        capsys.readouterr().out)
     assert sorted(WorkerRow.objects.values_list("name", flat=True)) == ["alive", "stopped-today"]
 
 
@@ -391,7 +392,7 @@ def test_the_claim_is_an_index_range_scan_beside_finished_rows():
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE TABLE leases_tasks_job")
         cursor.fetchall()
-        cursor.execute("EXPLAIN " + statements(connection, "job").due, ["default", 10])
+        cursor.execute("EXPLAIN " + statements(connection, "job").due, ["default", "", 10])
         columns = [c[0] for c in cursor.description]
         plan = dict(zip(columns, cursor.fetchone()))
     assert plan["key"] == "leases_job_claim", plan

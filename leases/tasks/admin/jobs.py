@@ -17,6 +17,7 @@ from django.utils.safestring import mark_safe
 
 from leases import conf
 from leases.management.text import ago, elapsed
+from leases.models import Resource
 from leases.ops.adminkit import (
     EMPTY,
     OnDatabaseInline,
@@ -31,7 +32,7 @@ from leases.ops.adminkit import (
 from leases.ops.masking import mask_secrets, mask_task_call, mask_text
 
 from .. import registry
-from ..jobs import actions
+from ..jobs import actions, leasing
 from ..jobs.recovery import recover_lapsed
 from ..models import Job, JobError, LimitKey, Queue
 from . import search
@@ -325,8 +326,24 @@ class JobAdmin(ReadOnly):
                            "key", "pending_key", "limit_key", "concurrency", "rate"),
                 "description": LAPSED_HELP if lapsed else "",
             }),
+            *([("Resource", {"fields": ("pool", "target", "affinity", "held_resource")})] if obj and obj.pool else []),
             ("Payload and result", {"fields": shown}),
         ]
+
+    @admin.display(description="holds")
+    def held_resource(self, obj: Job) -> str:
+        """The resource and fencing token its running attempt holds, linked to its page."""
+        if obj.status in Job.WAITING:
+            why = next((wait.reason for wait in leasing.waiting(self.using, every=True) if wait.pool == obj.pool), "")
+            return "nothing yet: it is claimed only together with a free resource of its pool" + (
+                f" ({why})" if why else "")
+        if obj.status != Job.RUNNING or obj.resource_id is None:
+            return EMPTY
+        resource = Resource.objects.using(self.using).filter(pk=obj.resource_id).first()
+        if resource is None:
+            return f"resource #{obj.resource_id} (since removed), token {obj.lease_token}"
+        return format_html('<a href="{}">{}</a>, token {}', self.admin_url("leases_resource_change", resource.pk),
+                           str(resource), obj.lease_token)
 
     @admin.display(description="name", ordering="name")
     def job_name(self, obj: Job) -> str:

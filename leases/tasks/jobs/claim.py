@@ -4,12 +4,16 @@ an immediate transaction), the keys' limits decided (`limits`), then one UPDATE 
 marks them running under the worker's name with a lease (`expires_at`) and counts the
 claim (`claims`, the fence every outcome names).
 
+Jobs whose handler needs a resource are claimed first, each together with a lease on one
+(`leasing`), from their pool's lane of each queue; then the jobs that need none.
+
 A claim whose reply was lost may have committed: before claiming more, the worker takes
 back what runs under its name and it does not know of.
 """
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +22,8 @@ from leases.encoding import load_json
 from leases.sql import in_list
 
 from .. import sql
-from . import limits
+from ..context import JobLease
+from . import leasing, limits
 
 log = logging.getLogger("leases.tasks.worker")
 
@@ -52,6 +57,14 @@ class ClaimedJob:
     #: Set by the worker when the attempt timed out: its outcome is already written.
     abandoned: bool = False
     deadline: float | None = None
+    #: A job that holds a resource: its pool, target and affinity keys, and the lease it
+    #: was claimed with (see `leasing`).
+    pool: str = ""
+    target: str = ""
+    affinity: str = ""
+    lease: JobLease | None = None
+    #: What its handler may take (`leases.tasks.context`), made when its attempt starts.
+    context: Any = None
 
     @property
     def limits(self) -> tuple[str, int | None, str]:
@@ -59,13 +72,14 @@ class ClaimedJob:
         return self.limit_key, self.concurrency, self.rate
 
 
-def _claimed(row: tuple, worker: str, taken: bool) -> ClaimedJob:
+def _claimed(row: tuple, worker: str, taken: bool, lease: JobLease | None = None) -> ClaimedJob:
     """A row of "due" or "running_for"; `taken`: read after the claim, else before it."""
     step = 0 if taken else 1
     return ClaimedJob(
         id=row[0], priority=row[1], queue=row[3], name=row[4], backend=row[5], payload=load_json(row[6]),
         attempt=row[7] + step, max_attempts=row[8], key=row[9], claims=row[10] + step, worker=worker,
         on_finish=row[11], limit_key=row[12], concurrency=row[13], rate=row[14], traceparent=row[15],
+        pool=row[16], target=row[17], affinity=row[18], lease=lease,
     )
 
 
@@ -75,13 +89,16 @@ def _limits_of_row(row: tuple) -> tuple[str, int | None, str]:
 
 
 def claim(worker: str, queues: list[str], limit: int, ttl: float, using: str, unsure: bool = False,
-          known: frozenset[int] = frozenset(), skip: tuple[str, ...] = ()) -> tuple[list[ClaimedJob], float | None]:
+          known: frozenset[int] = frozenset(), skip: tuple[str, ...] = (),
+          pools: Sequence[str] = ()) -> tuple[list[ClaimedJob], float | None]:
     """(up to `limit` due jobs of `queues`, claimed by `worker` for `ttl` seconds; seconds
     until the soonest job a rate delayed may start, or None).
 
-    `unsure`: an earlier claim may have committed unseen; then what runs under the
-    worker's name and is not `known` (running or finished here) is taken back instead.
-    `skip`: names of jobs to leave to other workers (handlers this one lacks: `handoff`).
+    Jobs of `pools` first, each with a lease on a resource (`leasing`), then jobs that
+    need none. `unsure`: an earlier claim may have committed unseen; then what runs
+    under the worker's name and is not `known` (running or finished here) is taken back
+    instead. `skip`: names of jobs to leave to other workers (handlers this one lacks:
+    `handoff`).
     """
     delayed: list[float | None] = [None]
 
@@ -92,14 +109,41 @@ def claim(worker: str, queues: list[str], limit: int, ttl: float, using: str, un
                 return found
         if not queues:
             return []
+        claimed: list[ClaimedJob] = []
         with db.write_transaction(using):
-            rows = _due(cursor, queues, limit, skip)
-            if not rows:
-                return []
-            rows, delayed[0] = limits.within_limits(cursor, rows, _limits_of_row, using)
-            return [_claimed(row, worker, taken=False) for row in _take(cursor, rows, worker, ttl)]
+            lanes = _Lanes(cursor, worker, ttl, skip, using, delayed)
+            for pool in pools:
+                if len(claimed) < limit:
+                    got = leasing.claim_pool(cursor, worker, pool, queues, limit - len(claimed), ttl, lanes)
+                    claimed += [_claimed(row, worker, taken=False, lease=lease) for row, lease in got]
+            rows = _due(cursor, queues, limit - len(claimed), skip) if len(claimed) < limit else []
+            rows = lanes.within_limits(rows)
+            claimed += [_claimed(row, worker, taken=False) for row in lanes.start(rows)]
+        return claimed
 
     return db.run(work, using), delayed[0]
+
+
+class _Lanes:
+    """The claim's steps, for the claim of a pool's jobs (`leasing.Lanes`) and its own."""
+
+    def __init__(self, cursor: Any, worker: str, ttl: float, skip: tuple[str, ...], using: str,
+                 delayed: list[float | None]) -> None:
+        self.cursor, self.worker, self.ttl, self.skip, self.using, self.delayed = cursor, worker, ttl, skip, using, delayed
+
+    def due(self, queue: str, pool: str, limit: int) -> list[tuple]:
+        return _lane(self.cursor, queue, pool, limit, self.skip)
+
+    def within_limits(self, rows: list[tuple]) -> list[tuple]:
+        if not rows:
+            return rows
+        kept, soonest = limits.within_limits(self.cursor, rows, _limits_of_row, self.using)
+        if soonest is not None:
+            self.delayed[0] = soonest if self.delayed[0] is None else min(self.delayed[0], soonest)
+        return kept
+
+    def start(self, rows: list[tuple], leases: dict[int, JobLease] | None = None) -> list[tuple]:
+        return _take(self.cursor, rows, self.worker, self.ttl, leases)
 
 
 def _take_back(cursor: Any, worker: str, known: frozenset[int]) -> list[ClaimedJob]:
@@ -109,33 +153,45 @@ def _take_back(cursor: Any, worker: str, known: frozenset[int]) -> list[ClaimedJ
     if found:
         log.warning("worker %s: took back %d job(s) claimed before a lost reply: %s", worker, len(found),
                     ", ".join(f"{row[4]} #{row[0]}" for row in found))
-    return [_claimed(row, worker, taken=True) for row in found]
+    return [_claimed(row, worker, taken=True, lease=leasing.lease_of(cursor, row, worker)) for row in found]
 
 
 def _due(cursor: Any, queues: list[str], limit: int, skip: tuple[str, ...] = ()) -> list[tuple]:
-    """The first `limit` due rows of the queues together, in claim order, locked; none
-    named in `skip`."""
-    st = sql.jobs(cursor.db)
+    """The first `limit` due rows of the queues' lanes of jobs that need no resource,
+    together, in claim order, locked; none named in `skip`."""
     rows: list[tuple] = []
     for queue in queues:
-        if skip:
-            cursor.execute(st.due_skipping + in_list(skip) + st.due_skipping_tail, (queue, *skip, limit))
-        else:
-            cursor.execute(st.due, (queue, limit))
-        rows += cursor.fetchall()
+        rows += _lane(cursor, queue, "", limit, skip)
     if len(queues) > 1:
         rows.sort(key=lambda row: (-row[1], str(row[2]), row[0]))
         rows = rows[:limit]
     return rows
 
 
-def _take(cursor: Any, rows: list[tuple], worker: str, ttl: float) -> list[tuple]:
-    """Mark `rows` running under `worker`; the rows it won (all of them with SKIP LOCKED)."""
+def _lane(cursor: Any, queue: str, pool: str, limit: int, skip: tuple[str, ...]) -> list[tuple]:
+    """The first `limit` due rows of one queue's lane of `pool` ("": of no pool), locked."""
+    st = sql.jobs(cursor.db)
+    if skip:
+        cursor.execute(st.due_skipping + in_list(skip) + st.due_skipping_tail, (queue, pool, *skip, limit))
+    else:
+        cursor.execute(st.due, (queue, pool, limit))
+    return cursor.fetchall()
+
+
+def _take(cursor: Any, rows: list[tuple], worker: str, ttl: float,
+          leases: dict[int, JobLease] | None = None) -> list[tuple]:
+    """Mark `rows` running under `worker`, with their `leases` (by job id) if they hold
+    resources; the rows it won (all of them with SKIP LOCKED)."""
     if not rows:
         return []
     st = sql.jobs(cursor.db)
     ids = [row[0] for row in rows]
-    cursor.execute(st.claim + in_list(ids), (worker, db.dialect(cursor.db).seconds(ttl), *ids))
+    later = db.dialect(cursor.db).seconds(ttl)
+    if leases:
+        statement, params = leasing.claim_statement(cursor, leases)
+        cursor.execute(statement, (worker, later, *params))
+    else:
+        cursor.execute(st.claim + in_list(ids), (worker, later, *ids))
     if cursor.rowcount != len(ids):
         cursor.execute(st.claimed_among + in_list(ids), (worker, *ids))
         won = {row[0] for row in cursor.fetchall()}

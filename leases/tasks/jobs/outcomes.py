@@ -13,14 +13,15 @@ import traceback
 from dataclasses import dataclass, replace
 from typing import Any, Iterable
 
-from leases import db
-from leases.exceptions import BadResult
+from leases import db, targets
+from leases.exceptions import BadResult, Banned
 from leases.sql import in_list
 from leases.validation import clean_text
 
 from .. import registry, sql
 from ..models import PRIORITY_RANGE, Job, JobError
-from . import limits
+from ..needs import BAN_FOR
+from . import leasing, limits
 from .claim import ClaimedJob
 from .push import JobDefaults, announce, new_job, write
 
@@ -65,6 +66,9 @@ class Outcome:
     #: once when a live worker has it (`elsewhere`, see `handoff`), else after BOUNCE_DELAY.
     bounce: bool = False
     elsewhere: bool = False
+    #: The target refused the job's resource (`Banned`): back to the queue without using a
+    #: try, that resource banned for that target.
+    banned: Banned | None = None
     #: Seconds the attempt ran (for the log).
     seconds: float = 0.0
 
@@ -90,7 +94,8 @@ def write_outcomes(outcomes: list[Outcome], worker: str, grace: float, using: st
 
     Returns what was written of each failure, by job id: "retry", "dead", "failed",
     "bounced" (back later), "handed" (back now, for a worker that has its handler),
-    "unhandled", or "" when its claim had been taken from it.
+    "banned" (back now, for another resource), "unhandled", or "" when its claim had been
+    taken from it. Resources the attempts held are released in the same transaction.
     """
     wins: dict[str, list[Outcome]] = {}
     followed = []  # succeeded jobs with an on_finish: written one by one, to know which ended
@@ -124,11 +129,33 @@ def write_outcomes(outcomes: list[Outcome], worker: str, grace: float, using: st
                     ended.append((outcome.job.id, outcome.job.queue, outcome.job.on_finish))
             follow_ups(cursor, ended)
             limits.free_slots(cursor, [o.job.limits for o in outcomes if o.job.limit_key], using)
-            # A freed slot may let another worker's waiting job of the same key run now.
-            announce(cursor, (o.job.queue for o in outcomes if o.job.limit_key and o.job.concurrency))
+            _release(cursor, [o for o in outcomes if o.job.lease is not None])
+            # A freed slot or resource may let another worker's waiting job run now.
+            announce(cursor, (o.job.queue for o in outcomes if (o.job.limit_key and o.job.concurrency) or o.job.lease))
 
     db.run(work, using)
     return written
+
+
+def _release(cursor: Any, ended: list[Outcome]) -> None:
+    """Release the resources the ended attempts held, each only while its lease still
+    holds it, a statement per cool-down: after its handler's cool-down, resting it for its
+    target if the handler asked (`ctx.rest`), banned for its target if it refused it."""
+    by_cooldown: dict[float, list[Any]] = {}
+    for outcome in sorted(ended, key=lambda o: o.job.lease.id):
+        job, lease = outcome.job, outcome.job.lease
+        needs = leasing.needs_for(job.name, job.backend)
+        if outcome.banned is not None:
+            seconds = outcome.banned.seconds if outcome.banned.seconds is not None else (
+                needs.ban_for if needs is not None else BAN_FOR)
+            targets.verdict(cursor, "ban", lease.pool, lease.name, job.target, seconds, outcome.banned.reason)
+        resting = getattr(job.context, "resting", None)
+        if resting:
+            targets.verdict(cursor, "rest", lease.pool, lease.name, job.target, resting)
+        cooldown = needs.cooldown if needs is not None and outcome.banned is None else 0.0
+        by_cooldown.setdefault(cooldown, []).append(lease)
+    for cooldown, leases in sorted(by_cooldown.items()):
+        leasing.release(cursor, leases, cooldown)
 
 
 def _write_failure(cursor: Any, outcome: Outcome, worker: str, grace: float) -> str:
@@ -136,6 +163,9 @@ def _write_failure(cursor: Any, outcome: Outcome, worker: str, grace: float) -> 
     st, seconds = sql.jobs(cursor.db), db.dialect(cursor.db).seconds
     job = outcome.job
     fence = (job.id, job.claims)
+    if outcome.banned is not None:  # no try used; the next claim pairs it with another resource
+        cursor.execute(st.give_back_banned, fence)
+        return "banned" if cursor.rowcount == 1 else ""
     if outcome.bounce and outcome.elsewhere:
         cursor.execute(st.give_back_now, fence)
         return "handed" if cursor.rowcount == 1 else ""
@@ -169,6 +199,7 @@ def hand_back(worker: str, keep: list[int], using: str) -> int:
         with db.write_transaction(using):
             cursor.execute(st.hand_back_keys + rest, params)  # whose slots come free
             keys = cursor.fetchall()
+            leasing.release_handed_back(cursor, worker, keep)
             cursor.execute(st.hand_back + rest, params)
             count = cursor.rowcount
             limits.free_slots(cursor, keys, using)

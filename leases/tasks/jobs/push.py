@@ -30,7 +30,8 @@ from leases.validation import check_attempts, check_moment, check_queue, check_s
 
 from .. import registry, sql, tracing
 from ..models import Job
-from . import limits, queues
+from ..needs import by_payload
+from . import leasing, limits, queues
 from .payload import check_key, check_priority, default_key, dump_payload
 
 log = logging.getLogger("leases.tasks")
@@ -55,6 +56,7 @@ class JobSettings(Protocol):
     limit_key: Any
     concurrency: int | None
     rate: str
+    needs: Any
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,7 @@ class JobDefaults:
     limit_key: Any = None
     concurrency: int | None = None
     rate: str = ""
+    needs: Any = None
 
 
 @dataclass(frozen=True)
@@ -92,10 +95,17 @@ class NewJob:
     rate: str = ""
     #: W3C trace context its runs' spans are children of (see leases.tasks.tracing).
     traceparent: str | None = None
+    #: The pool whose resource it holds while it runs, its target and affinity keys, and
+    #: its turn among the pool's jobs, given when it is written (see leasing).
+    pool: str = ""
+    target: str = ""
+    affinity: str = ""
+    turn: int = 0
 
     def params(self, connection: Any) -> list:
         head = [self.queue, self.name, self.backend, self.on_finish, self.payload, self.key, self.key, self.priority]
         head += [self.limit_key, self.concurrency, self.rate, self.max_attempts, self.traceparent]
+        head += [self.pool, self.target, self.affinity, self.turn]
         if self.run_at is not None:
             return head + [db.dialect(connection).stored_datetime(self.run_at)]
         return head + [db.dialect(connection).seconds(self.delay)]
@@ -104,8 +114,8 @@ class NewJob:
         """Its values for `insert_arrays`: a run time, or None and the delay."""
         at = None if self.run_at is None else db.dialect(connection).stored_datetime(self.run_at)
         return (self.queue, self.name, self.backend, self.on_finish, self.payload, self.key, self.priority,
-                self.limit_key, self.concurrency, self.rate, self.max_attempts, self.traceparent, at,
-                db.dialect(connection).seconds(self.delay))
+                self.limit_key, self.concurrency, self.rate, self.max_attempts, self.traceparent, self.pool,
+                self.target, self.affinity, self.turn, at, db.dialect(connection).seconds(self.delay))
 
 
 def new_job(
@@ -144,7 +154,8 @@ def new_job(
             raise ValueError("give delay or run_at, not both")
         run_at = check_moment(run_at, "run_at")
     key_of = limit_key if limit_key is not None else settings.limit_key
-    if callable(key_of) and handler_payload is not None:
+    needs = getattr(settings, "needs", None)
+    if by_payload(key_of, needs) and handler_payload is not None:
         payload = handler_payload()
     job = NewJob(
         queue=settings.queue if queue is None else check_queue(queue),
@@ -161,6 +172,8 @@ def new_job(
         concurrency=settings.concurrency if concurrency is None else limits.check_concurrency(concurrency),
         rate=settings.rate if rate is None else limits.check_rate(rate),
     )
+    if needs is not None:
+        job = replace(job, pool=needs.pool, target=needs.target_of(payload), affinity=needs.affinity_of(payload))
     traceparent = traceparent if traceparent is not None else tracing.pushed(name, job.queue, job.key)
     return job if traceparent is None else replace(job, traceparent=traceparent)
 
@@ -174,6 +187,8 @@ def write(cursor: Any, jobs: Sequence[NewJob]) -> None:
     one statement (MySQL and SQLite merge in order, which is what the split keeps). Rows
     go as VALUES groups, or on PostgreSQL as one array per column (`insert_arrays`)."""
     st = sql.jobs(cursor.db)
+    if any(job.pool for job in jobs):
+        jobs = leasing.take_turns(cursor, jobs)
     for batch in _unique_keys(jobs):
         if db.dialect(cursor.db).arrays and len(batch) > 1:  # one row: VALUES costs less
             columns = [list(values) for values in zip(*(job.columns(cursor.db) for job in batch))]

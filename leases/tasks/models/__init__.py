@@ -5,9 +5,11 @@
 - `workers`: the rows of running `leases_worker` processes (`leases.tasks.jobs.recovery`)
 - `schedules`: schedules and their runs (`leases.tasks.schedules`)
 - `limits`: operators' key rules and the limited keys (`leases.tasks.jobs.limits`)
+- `leasing`: affinities and turns of jobs that hold resources (`leases.tasks.jobs.leasing`)
 """
 from .dispatch import NAME_LENGTH, VALUE_LENGTH, WORKER_LENGTH, DispatchWorker, PoolTask, TaskPool, TaskState
 from .jobs import (
+    AFFINITY_LENGTH,
     JOB_NAME_LENGTH,
     KEY_LENGTH,
     PRIORITY_RANGE,
@@ -17,12 +19,13 @@ from .jobs import (
     JobStatusField,
     Queue,
 )
+from .leasing import Affinity, PoolTurn
 from .limits import LimitKey, LimitRule
 from .schedules import RunStatus, Schedule, ScheduleRun
 from .workers import Worker
 
 __all__ = [
-    "JOB_NAME_LENGTH", "KEY_LENGTH", "NAME_LENGTH", "PRIORITY_RANGE", "VALUE_LENGTH", "WORKER_LENGTH",
-    "DispatchWorker", "Job", "JobError", "JobStatus", "JobStatusField", "LimitKey", "LimitRule", "PoolTask",
+    "AFFINITY_LENGTH", "JOB_NAME_LENGTH", "KEY_LENGTH", "NAME_LENGTH", "PRIORITY_RANGE", "VALUE_LENGTH", "WORKER_LENGTH",
+    "Affinity", "DispatchWorker", "Job", "JobError", "JobStatus", "JobStatusField", "LimitKey", "LimitRule", "PoolTask", "PoolTurn",
     "Queue", "RunStatus", "Schedule", "ScheduleRun", "TaskPool", "TaskState", "Worker",
 ]

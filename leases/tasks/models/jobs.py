@@ -8,7 +8,7 @@ from typing import Any
 from django.core.validators import MinValueValidator
 from django.db import models
 
-from leases.validation import QUEUE_LENGTH
+from leases.validation import POOL_NAME_LENGTH, QUEUE_LENGTH, TARGET_LENGTH
 
 from .dispatch import WORKER_LENGTH
 
@@ -18,6 +18,8 @@ KEY_LENGTH = 255
 PRIORITY_RANGE = (-100, 100)
 #: A W3C traceparent of version 00 ("00-<trace id>-<span id>-<flags>").
 TRACEPARENT_LENGTH = 55
+#: The longest affinity key of a job (leases.tasks.needs).
+AFFINITY_LENGTH = 255
 
 
 class Queue(models.Model):
@@ -148,6 +150,19 @@ class Job(models.Model):
         max_length=TRACEPARENT_LENGTH, null=True, blank=True, editable=False,
         help_text="W3C trace context of its push (OpenTelemetry), the parent of its runs' spans.",
     )
+    # A job that holds a resource while it runs (leases.tasks.jobs.leasing): the pool it
+    # needs ('' for none), its target and affinity keys, its turn among its pool's jobs
+    # (targets take turns when resources are scarce; 0 for a job of no pool), and while
+    # it runs the resource row it holds and that lease's fencing token.
+    pool = models.CharField(max_length=POOL_NAME_LENGTH, blank=True, default="",
+                            help_text="The pool whose resource it holds while it runs.")
+    target = models.CharField(max_length=TARGET_LENGTH, blank=True, default="",
+                              help_text="Bans, rests and pace of resources count per target (a site).")
+    affinity = models.CharField(max_length=AFFINITY_LENGTH, blank=True, default="",
+                                help_text="Jobs of one affinity key run on the resource they last used.")
+    turn = models.BigIntegerField(default=0, help_text="Its place among its pool's jobs: targets take turns.")
+    resource_id = models.BigIntegerField(null=True, blank=True, help_text="The resource row its attempt holds.")
+    lease_token = models.BigIntegerField(null=True, blank=True, help_text="That lease's fencing token.")
 
     class Meta:
         indexes = [
@@ -155,7 +170,10 @@ class Job(models.Model):
             # then id. Running rows share the prefix, so recovery and heartbeats scan only
             # those. The id is named: InnoDB appends it to every index anyway, PostgreSQL
             # does not, and without it each claim sorts every ready row of its queue.
-            models.Index(fields=["status", "queue", "-priority", "run_at", "id"], name="leases_job_claim"),
+            # Jobs that need a resource are a lane of their own in each queue, taken in
+            # turns (`turn` is 0 for the others, so their order is unchanged).
+            models.Index(fields=["status", "queue", "pool", "-priority", "turn", "run_at", "id"],
+                         name="leases_job_claim"),
             # Pruning by age, and keeping the last runs of a key.
             models.Index(fields=["finished_at"], name="leases_job_finished"),
             models.Index(fields=["key", "finished_at"], name="leases_job_key"),

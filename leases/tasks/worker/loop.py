@@ -32,7 +32,7 @@ from leases.validation import check_seconds
 
 from .. import registry
 from ..jobs import claim as claims
-from ..jobs import counts, handoff, history, limits, outcomes, recovery
+from ..jobs import counts, handoff, history, leasing, limits, outcomes, recovery
 from ..jobs.claim import ClaimedJob
 from ..jobs.outcomes import Outcome, failed
 from ..jobs.queues import SETTINGS_TTL, all_queues
@@ -119,6 +119,8 @@ class JobWorker:
         self.hold: recovery.WorkerHold | None = None
         #: Jobs of handlers this process lacks (see leases.tasks.jobs.handoff).
         self.lacking = handoff.Lacking(self.using)
+        #: Pools whose resources this worker's jobs may hold (see leases.tasks.jobs.leasing).
+        self.pools = leasing.pools_of(self.queues)
         # A Queue, not a SimpleQueue: on CPython 3.11 a signal (SIGTERM) that lands near
         # the end of SimpleQueue.get(timeout=...) leaves it waiting forever.
         self._done: stdqueue.Queue = stdqueue.Queue()
@@ -386,7 +388,7 @@ class JobWorker:
         unsure = self._claim_unsure
         self._claim_unsure = True
         jobs, delayed = claims.claim(self.name, active, limit, self.ttl, self.using, unsure, known,
-                                     self.lacking.skipped())
+                                     self.lacking.skipped(), self.pools)
         self._claim_unsure = False
         if delayed is not None and delayed <= BURST_RETRY_WAIT:  # --burst waits for them
             self._retries_until = max(self._retries_until, time.monotonic() + delayed + 1.0)
@@ -514,6 +516,7 @@ class JobWorker:
             self.register()
             self._adopt(old)
         recovery.extend(self.name, self._ours(), self.ttl, self.using)
+        leasing.renew([job.lease for job in self.running.values() if job.lease is not None], self.ttl, self.using)
 
     def _adopt(self, old: str) -> None:
         """Running jobs still under the lapsed name were not recovered: keep them as ours."""
@@ -532,9 +535,14 @@ class JobWorker:
         self.stats.recovered += total
         blocked = limits.unblock_pass(self.using)
         now = time.monotonic()
-        if blocked and now >= self._next_limit_log:
-            self._next_limit_log = now + LIMIT_LOG_EVERY
-            report.keys_at_limit(self.name, blocked)
+        if now >= self._next_limit_log:
+            waits = leasing.waiting(self.using) if self.pools else []
+            if blocked or waits:
+                self._next_limit_log = now + LIMIT_LOG_EVERY
+            if blocked:
+                report.keys_at_limit(self.name, blocked)
+            for wait in waits:
+                report.pool_waiting(self.name, wait)
         return total
 
     def trim(self) -> None:

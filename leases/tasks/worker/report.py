@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from leases.management.text import span
 
@@ -42,6 +43,7 @@ class Stats:
     ended: int = 0
     recovered: int = 0
     bounced: int = 0
+    banned: int = 0
     claims: int = 0
     started: float = field(default_factory=time.monotonic)
 
@@ -64,6 +66,13 @@ def outcomes_written(worker: str, outcomes: list[Outcome], written: dict[int, st
         if what in ("bounced", "handed"):
             stats.bounced += 1
             _bounced(worker, outcome, what, grace, fields)
+            continue
+        if what == "banned":
+            stats.banned += 1
+            lease = job.lease
+            log.warning("job %s #%d on %s: %s/%s banned for target %r (%s); back to the queue, for another"
+                        " resource", job.name, job.id, job.queue, lease.pool, lease.name, job.target,
+                        outcome.banned.reason or "no reason given", extra={**fields, "outcome": "banned"})
             continue
         stats.failed += 1
         stats.retried += what in RETRIED
@@ -88,6 +97,11 @@ def _bounced(worker: str, outcome: Outcome, what: str, grace: float, fields: dic
                 " back to the queue in %gs, taken at once by a worker that starts with it, failed if none has it"
                 " within %gs (LEASES_HANDLER_GRACE)", worker, job.name, job.id, outcome.error[1], job.queue,
                 BOUNCE_DELAY, grace, extra={**fields, "outcome": "bounced"})
+
+
+def pool_waiting(worker: str, wait: Any) -> None:
+    """Jobs of a pool wait for a resource, and why (one line a pool, now and then)."""
+    log.info("worker %s: %d job(s) of pool %s wait for a resource: %s", worker, wait.due, wait.pool, wait.reason)
 
 
 def took_over(worker: str, count: int) -> None:

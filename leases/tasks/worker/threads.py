@@ -12,11 +12,12 @@ from typing import Any
 from django.db import connections
 
 from leases import db
-from leases.exceptions import BadResult, Fail
+from leases.exceptions import BadResult, Banned, Fail
 
 from .. import registry, tracing
+from ..context import context_for, running
 from ..jobs.claim import ClaimedJob
-from ..jobs.outcomes import Outcome, failed
+from ..jobs.outcomes import Outcome, describe, failed
 from ..jobs.payload import dump_payload
 
 log = logging.getLogger("leases.tasks.worker")
@@ -55,9 +56,14 @@ def _attempt(job: ClaimedJob) -> Outcome:
         spec = job.handler or handler_for(job)
     except Exception as exc:  # noqa: BLE001 - e.g. a task path that is not a task
         return failed(job, exc, retryable=False)
+    job.context = context_for(job)
     try:
-        with tracing.running(job):
+        with tracing.running(job), running(job.context):
             value = spec.run(job)
+    except Banned as exc:
+        if job.lease is None:  # nothing to ban: an ordinary failure
+            return failed(job, exc, retryable=True, delay=spec.delay(job.attempt))
+        return Outcome(job, ok=False, error=describe(exc), banned=exc)
     except (Fail, BadResult) as exc:
         return failed(job, exc, retryable=False)
     except BaseException as exc:  # noqa: BLE001 - a handler must never kill the worker

@@ -28,8 +28,9 @@ from leases.clock import db_now
 from leases.durations import parse_duration
 from leases.management.base import EX_TEMPFAIL, LeasesCommand, add_database_option
 from leases.management.text import ago, block, clock, elapsed, shown, table, when
+from leases.models import Resource
 from leases.tasks import registry
-from leases.tasks.jobs import actions, counts
+from leases.tasks.jobs import actions, counts, leasing
 from leases.tasks.jobs.queues import all_queues, known_queues
 from leases.tasks.models import Job, JobError
 
@@ -105,6 +106,18 @@ def listing(ids: Sequence[int]) -> str:
     """"#3, #4 and 12 more"."""
     more = f" and {len(ids) - IDS_SHOWN} more" if len(ids) > IDS_SHOWN else ""
     return ", ".join(f"#{pk}" for pk in ids[:IDS_SHOWN]) + more
+
+
+def _holdings(rows: list[tuple], using: str) -> dict[int, str]:
+    """{job id: "pool/name token N"} of the listed running jobs that hold a resource; none
+    when no listed job needs one (the column is then left out)."""
+    if not any(row[10] for row in rows):
+        return {}
+    running = {row[11]: (row[0], row[12]) for row in rows if row[3] == Job.RUNNING and row[11] is not None}
+    names = dict(Resource.objects.using(using).filter(pk__in=list(running)).values_list("pk", "name"))
+    pools = {row[0]: row[10] for row in rows}
+    return {job: f"{shown(pools[job])}/{shown(names.get(rid, '?'))} token {token}"
+            for rid, (job, token) in running.items()}
 
 
 def find_job(text: str, using: str) -> Job:
@@ -192,16 +205,17 @@ class Command(LeasesCommand):
         else:
             hidden = frozenset()
         now = db_now(using)
-        rows = jobs.values_list(
+        rows = list(jobs.values_list(
             "pk", "name", "queue", "status", "attempt", "max_attempts", "run_at", "worker", "finished_at",
-            "expires_at",
-        )[:count]
-        lines = [["ID", "NAME", "QUEUE", "STATUS", "ATTEMPTS", "RUN AT", "WORKER", "FINISHED"]]
-        for pk, job_name, job_queue, code, attempt, attempts, run_at, worker, finished_at, expires_at in rows:
+            "expires_at", "pool", "resource_id", "lease_token",
+        )[:count])
+        holds = _holdings(rows, using)
+        lines = [["ID", "NAME", "QUEUE", "STATUS", "ATTEMPTS", "RUN AT", "WORKER", "FINISHED", *(["HOLDS"] * bool(holds))]]
+        for pk, job_name, job_queue, code, attempt, attempts, run_at, worker, finished_at, expires_at, *_ in rows:
             lines.append([
                 str(pk), shown(job_name), shown(job_queue), Job.describe(code, attempt, expires_at, now),
                 f"{attempt}/{attempts}", relative(run_at, now), shown(worker) or "-",
-                clock(finished_at) or "-",
+                clock(finished_at) or "-", *([holds.get(pk, "-")] * bool(holds)),
             ])
         if len(lines) > 1:
             self.stdout.write(table(lines))
@@ -244,6 +258,11 @@ class Command(LeasesCommand):
             ["bounced", when(found.bounced_at, now)],
             ["duration", elapsed(found.started_at, found.finished_at, now if running else None) or "-"],
         ]
+        if found.pool:  # a job that holds a resource while it runs
+            held = _holdings([(found.pk, "", "", found.status, 0, 0, None, "", None, None, found.pool,
+                               found.resource_id, found.lease_token)], using).get(found.pk, "-")
+            head += [["pool", shown(found.pool)], ["target", shown(found.target) or "-"],
+                     ["affinity", shown(found.affinity) or "-"], ["holds", held]]
         self.stdout.write(table(head))
         self.stdout.write(block("payload", found.payload))
         self.stdout.write(block("result", found.result))
@@ -283,6 +302,9 @@ class Command(LeasesCommand):
         if internal is not None:
             lines.append([counts.INTERNAL, *self._counts(internal, now), "-"])
         self.stdout.write(table(lines) if names else "no queues")
+        for wait in leasing.waiting(using, every=True):  # jobs that need a resource, by pool
+            self.stdout.write(f"pool {shown(wait.pool)}: {wait.due} due job(s) wait for a resource"
+                              f" ({wait.slots} resources, {wait.free} free, {wait.quarantined} quarantined)")
 
     @staticmethod
     def _counts(of: dict[str, Any] | None, now: datetime) -> list[str]:

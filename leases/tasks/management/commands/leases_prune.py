@@ -1,5 +1,6 @@
 """`manage.py leases_prune --older-than 7d`: delete finished jobs (and their errors) in batches,
-and the rows of queue workers gone that long.
+the rows of queue workers gone that long, and what targets said of resources (bans, rests,
+paces) that ended that long ago.
 
 Ready and running jobs are never touched. Exit 2 on a bad duration or batch size, 75 when
 the database is unavailable.
@@ -10,7 +11,7 @@ from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 
-from leases import routing
+from leases import routing, targets
 from leases.durations import parse_duration
 from leases.management.base import LeasesCommand
 from leases.tasks.jobs.history import prune
@@ -45,5 +46,7 @@ class Command(LeasesCommand):
         aliases = [routing.known(options["database"])] if options["database"] else routing.aliases()
         deleted = sum(prune(seconds, batch_size=batch_size, using=alias, progress=progress) for alias in aliases)
         workers = sum(forget_workers(seconds, alias) for alias in aliases)
+        verdicts = sum(targets.forget(alias, seconds) for alias in aliases)
         if options["verbosity"] > 0:
-            self.stdout.write(f"deleted {deleted} finished jobs and {workers} stopped workers older than {older_than}")
+            self.stdout.write(f"deleted {deleted} finished jobs, {workers} stopped workers and {verdicts} targets'"
+                              f" past bans, rests and paces older than {older_than}")

@@ -118,13 +118,13 @@ class Command(LeasesCommand):
         """Check what a worker serves before it starts: its database answers (an outage
         is waited out; anything else, such as a wrong password, is bad input), its queues
         are known, the schedules of LEASES_SCHEDULES apply. False if stopped meanwhile."""
-        try:
-            connections[worker.using].ensure_connection()
+        try:  # an outage is waited out, said at once (the reads below retry for seconds first)
+            if worker.when_up(connections[worker.using].ensure_connection) is None and worker.stopping:
+                return False
         except Error as exc:
-            if not db.transient(exc):
-                queues = ", ".join(worker.queues)
-                raise CommandError(f"database {worker.using!r} (queues {queues}): {exc}".splitlines()[0],
-                                   returncode=EX_USAGE) from None
+            queues = ", ".join(worker.queues)
+            raise CommandError(f"database {worker.using!r} (queues {queues}): {exc}".splitlines()[0],
+                               returncode=EX_USAGE) from None
         if worker.queues != ["*"]:
             known = worker.when_up(lambda: known_queues(worker.using))
             if known is None:
