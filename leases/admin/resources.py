@@ -17,12 +17,15 @@ from django.core.exceptions import ValidationError
 from django.db.models import Count, OuterRef, Q, Subquery
 from django.db.models.functions import Coalesce
 from django.template.response import TemplateResponse
-from django.utils.html import format_html
+from django.urls import NoReverseMatch
+from django.utils.html import format_html, format_html_join
 from django.utils.text import Truncator
 
+from leases import targets
 from leases.durations import parse_duration
 from leases.exceptions import UnknownResource
-from leases.models import EPOCH, Resource
+from leases.lease import job_of
+from leases.models import EPOCH, Resource, ResourceTarget
 from leases.ops.adminkit import EMPTY, OnDatabase, PerRequest, compact_time, nowrap, request_now
 from leases.ops.masking import mask_secrets
 from leases.pool import Pool, check_data
@@ -69,6 +72,35 @@ class Live(PerRequest):
     def used(self, obj: Resource) -> str:
         """Held slots of this slot's resource, of its slots."""
         return f"{obj.n_held}/{obj.n_slots}"
+
+    @admin.display(description="held by")
+    def held_by(self, obj: Resource) -> str:
+        """The job whose attempt holds it (a job's lease names it in its holder), linked to
+        its page where the job queue is installed; the holder otherwise."""
+        if obj.state_at(request_now(self.request)) != Resource.HELD:
+            return EMPTY
+        found = job_of(obj.holder)
+        if found is None:
+            return obj.holder
+        worker, job = found
+        try:
+            url = self.admin_url("leases_tasks_job_change", job)
+        except NoReverseMatch:  # leases.tasks is not installed here
+            return f"job #{job} on worker {worker}"
+        return format_html('<a href="{}">job #{}</a> on worker {}', url, job, worker)
+
+    @admin.display(description="targets")
+    def per_target(self, obj: Resource) -> str:
+        """A row per target that banned, rested or paced it, by the database clock."""
+        rows = targets.of_resource(obj.pool, obj.name, self.using)
+        now = request_now(self.request)
+        if not rows:
+            return "no target has said anything of it"
+        return format_html_join(
+            "", "<div>{}: {}{}</div>",
+            ((row.target, row.state_at(now), _until(row, now)) for row in rows),
+        )
+
 
 
 def held_at(now: datetime) -> Q:
@@ -137,7 +169,7 @@ class ResourceAdmin(OnDatabase, admin.ModelAdmin):
     form = ResourceForm
     list_filter = (StateFilter, "pool")
     search_fields = ("pool", "name", "holder")
-    actions = ("release_selected", "quarantine_selected", "unquarantine_selected")
+    actions = ("release_selected", "quarantine_selected", "unquarantine_selected", "lift_selected")
 
     # -- the engine's database --------------------------------------------------------
 
@@ -220,9 +252,14 @@ class ResourceAdmin(OnDatabase, admin.ModelAdmin):
         return [
             (None, {"fields": ("pool", "name", data)}),
             ("Lease state", {
-                "fields": lease,
+                "fields": (*lease, live.held_by),
                 "description": "Changed only through the actions of the resource list "
                                "(release, quarantine, unquarantine), by the database clock.",
+            }),
+            ("Per target", {
+                "fields": (live.per_target,),
+                "description": "What each target (a site) says of this resource: bans and rests keep it from "
+                               "that target only; lift them with the list's action.",
             }),
         ]
 
@@ -230,7 +267,7 @@ class ResourceAdmin(OnDatabase, admin.ModelAdmin):
         if obj is None:
             return ()
         live = Live.of(request)
-        return (*LEASE_STATE, live.state, live.expires_in, "masked_data")
+        return (*LEASE_STATE, live.state, live.expires_in, "masked_data", live.held_by, live.per_target)
 
     @admin.display(description="data")
     def masked_data(self, obj: Resource) -> str:
@@ -284,3 +321,18 @@ class ResourceAdmin(OnDatabase, admin.ModelAdmin):
     @admin.action(description="Unquarantine selected resources", permissions=["change"])
     def unquarantine_selected(self, request, queryset):
         self._each(request, queryset, lambda p, n: p.unquarantine(n), "Unquarantined", "not quarantined")
+
+    @admin.action(description="Lift selected resources' per-target bans and rests", permissions=["change"])
+    def lift_selected(self, request, queryset):
+        self._each(request, queryset, lambda p, n: targets.lift(p.name, n, using=p.using) > 0 or False,
+                   "Lifted per-target bans of", "banned by no target")
+
+
+def _until(row: ResourceTarget, now: datetime) -> str:
+    """" until ...: reason" of a banned or rested row; "" of a usable one."""
+    state = row.state_at(now)
+    until = {"banned": row.banned_until, "rested": row.rested_until, "paced": row.next_start_at}.get(state)
+    if until is None:
+        return ""
+    reason = f": {row.ban_reason}" if state == "banned" and row.ban_reason else ""
+    return f" until {compact_time(until)}{reason}"

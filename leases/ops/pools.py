@@ -10,7 +10,7 @@ from typing import Any
 from django.db.models import Count, Q, Sum
 
 from leases import db
-from leases.models import Lock, Resource
+from leases.models import Lock, Resource, ResourceTarget
 
 from .charts import BLUE, GREEN, ORANGE, RED, Panel, Row, count, nothing, rows_chart
 from .links import changelist
@@ -50,6 +50,10 @@ def resources_by_pool(now: datetime, using: str | None = None) -> dict[str, dict
         }
         for row in rows
     }
+
+
+#: Targets the bans metric names one by one.
+BANS_SHOWN = 50
 
 
 def locks_held(now: datetime, using: str | None = None) -> int:
@@ -101,3 +105,22 @@ def lease_metrics(now: datetime, using: str) -> Iterator[Any]:
     yield resources
     yield acquisitions
     yield GaugeMetricFamily("leases_locks_held", "Named locks held now.", value=locks_held(now, using))
+    bans = GaugeMetricFamily(
+        "leases_resource_bans", f"Resources a target bans now, per pool and target (the {BANS_SHOWN} targets with"
+        " the most; the rest summed as target '(other)').", labels=["pool", "target"],
+    )
+    for (pool, target), banned in bans_by_target(now, using).items():
+        bans.add_metric([pool, target], banned)
+    yield bans
+
+
+def bans_by_target(now: datetime, using: str | None = None) -> dict[tuple[str, str], int]:
+    """Resources banned now per (pool, target), the BANS_SHOWN targets with the most and
+    the rest as "(other)": a grouped read of the rows of bans (one per resource and target)."""
+    rows = (ResourceTarget.objects.using(db.alias(using)).filter(banned_until__gt=now)
+            .values_list("pool", "target").annotate(n=Count("*")).order_by("-n", "pool", "target"))
+    found: dict[tuple[str, str], int] = {}
+    for index, (pool, target, banned) in enumerate(rows):
+        key = (pool, target) if index < BANS_SHOWN else (pool, "(other)")
+        found[key] = found.get(key, 0) + banned
+    return found

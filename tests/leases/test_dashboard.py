@@ -44,13 +44,14 @@ URL = reverse("leases:dashboard")
 #: Charts of the page with every app installed: finished and waiting jobs over two
 #: windows, failures per queue, pools, dispatchers, pipeline runs.
 CHARTS = 8
-#: The view permissions of the panels: jobs (five panels), pools, dispatchers, runs.
+#: The view permissions of the panels: jobs (six panels), pools, dispatchers, runs.
 JOBS, POOLS, DISPATCHERS, RUNS = (
     "leases_tasks.view_job", "leases.view_resource", "leases_tasks.view_taskpool", "leases_pipelines.view_run"
 )
 HEADINGS = {
     JOBS: ["Jobs finished per minute, the last hour", "Jobs finished per hour, the last day",
-           "Jobs waiting, the last hour", "Jobs waiting, the last day", "Failures per queue, the last day"],
+           "Jobs waiting, the last hour", "Jobs waiting, the last day", "Failures per queue, the last day",
+           "Jobs waiting for a resource"],
     POOLS: ["Resource pools"],
     DISPATCHERS: ["Dispatchers"],
     RUNS: ["Pipeline runs: live, and ended in the last day"],

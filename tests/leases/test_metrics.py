@@ -31,10 +31,11 @@ URL = reverse("leases:metrics")
 TOKEN = "s3cret-token"
 #: The families each view permission shows.
 FAMILIES = {
-    "leases.view_resource": {"leases_resources", "leases_lease_acquisitions", "leases_locks_held"},
+    "leases.view_resource": {"leases_resources", "leases_lease_acquisitions", "leases_locks_held",
+                             "leases_resource_bans"},
     "leases_tasks.view_job": {
         "leases_jobs", "leases_queue_oldest_due_age_seconds", "leases_queue_paused", "leases_job_outcomes",
-        "leases_job_duration_mean_seconds", "leases_job_duration_max_seconds",
+        "leases_job_duration_mean_seconds", "leases_job_duration_max_seconds", "leases_jobs_waiting_for_resource",
     },
     "leases_tasks.view_taskpool": {"leases_dispatcher_tasks", "leases_dispatcher_workers"},
     "leases_pipelines.view_run": {"leases_pipeline_runs"},
@@ -298,5 +299,6 @@ def test_metrics_queries_do_not_grow_with_rows(client, settings, scene):
     found = scrape(client, HTTP_AUTHORIZATION=f"Bearer {TOKEN}")
     assert value(found, "leases_dispatcher_tasks", dispatcher="dispatcher3", state="pool") == 20
     assert cost() == few
-    # the readings: resources, locks, jobs waiting, queues, jobs finished, dispatchers, live and ended runs
-    assert few == 8
+    # the readings: resources, locks, bans, jobs waiting, queues, jobs finished, dispatchers, live and
+    # ended runs (and, unseen here, through leases.db, the jobs waiting for a resource per pool)
+    assert few == 9

@@ -22,7 +22,7 @@ from leases import routing
 from leases.clock import db_now
 from leases.durations import parse_duration
 from leases.exceptions import NoResourceAvailable, UnknownPool, UnknownResource
-from leases.lease import Heartbeat, Lease, release_within
+from leases.lease import Heartbeat, Lease, job_of, release_within
 from leases.management.base import EX_TEMPFAIL, EX_USAGE, LeasesCommand, add_database_option
 from leases.management.lines import bad_line, entries
 from leases.management.text import ago, clock, parse_json, shown, span, table
@@ -220,7 +220,7 @@ class Command(LeasesCommand):
             held, slots = used[(r.pool, r.name)]
             line = [shown(r.pool), shown(r.name), str(r.slot), f"{held}/{slots}", state, "", "", str(r.token), ""]
             if state in (Resource.HELD, Resource.COOLING):
-                line[5], line[6] = shown(r.holder) if state == Resource.HELD else "", ago(r.busy_before, now)
+                line[5], line[6] = _holder(r.holder) if state == Resource.HELD else "", ago(r.busy_before, now)
             elif state == Resource.QUARANTINED:
                 why = f": {shown(r.quarantine_reason)}" if r.quarantine_reason else ""
                 line[8] = f"until {clock(r.quarantined_until)} ({ago(r.quarantined_until, now)}){why}"
@@ -332,3 +332,9 @@ class Command(LeasesCommand):
                     child.wait()
             for s, handler in previous.items():
                 signal.signal(s, handler)
+
+
+def _holder(holder: str) -> str:
+    """Who holds a slot: a job of the queue as "job #45 (worker)", anyone else as named."""
+    found = job_of(holder)
+    return f"job #{found[1]} ({shown(found[0])})" if found else shown(holder)
