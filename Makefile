@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 USES_MYSQL := $(findstring mysql,$(firstword $(subst :, ,$(DATABASE_URL))))
 USES_POSTGRES := $(findstring postgres,$(firstword $(subst :, ,$(DATABASE_URL))))
 
-.PHONY: venv demo test docs bench bench-queue bench-pipelines bench-peers bench-capacity soak clean galera-up galera-down test-galera
+.PHONY: venv demo test docs bench bench-queue bench-pipelines bench-resources bench-peers bench-capacity soak clean galera-up galera-down test-galera
 
 $(VENV)/.installed: requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -57,6 +57,11 @@ bench-queue: $(VENV)/.bench $(if $(findstring sqlite,$(BENCH_ARGS)),,$(VENV)/.my
 # The pipeline engine's bench, on its own database: MariaDB unless BENCH_ARGS="--database sqlite".
 bench-pipelines: $(VENV)/.bench $(if $(findstring sqlite,$(BENCH_ARGS)),,$(VENV)/.mysql)
 	$(PY) bench/pipelines.py $(BENCH_ARGS)
+
+# Jobs that hold resources, beside a lease taken inside the handler and a per-key limit:
+# MariaDB unless BENCH_ARGS="--database postgres" (or sqlite).
+bench-resources: $(VENV)/.bench $(if $(findstring sqlite,$(BENCH_ARGS)),,$(VENV)/.mysql $(VENV)/.postgres)
+	$(PY) bench/resources.py $(BENCH_ARGS)
 
 # The job queue beside Procrastinate on PostgreSQL (Procrastinate in its own bench/.peers).
 bench-peers: $(VENV)/.bench $(VENV)/.postgres
