@@ -93,6 +93,9 @@ class Dialect:
     #: Whether a push writes its rows as one array per column (`insert_arrays`) rather
     #: than a VALUES group per row.
     arrays: bool = False
+    #: A JSON text parameter where its type is not inferred from a column (a SELECT list
+    #: feeding an INSERT): PostgreSQL takes such a parameter for text, not jsonb.
+    json: str = "%s"
 
 
 _MYSQL = Dialect(
@@ -143,6 +146,7 @@ _POSTGRES = Dialect(
     returning=" RETURNING id",
     notify="SELECT pg_notify(%s, payload) FROM unnest(%s::text[]) AS payload",
     arrays=True,
+    json="%s::jsonb",
 )
 
 DIALECTS = {"mysql": _MYSQL, "sqlite": _SQLITE, "postgresql": _POSTGRES}

@@ -1,4 +1,7 @@
 """Errors raised by the lease engine."""
+from __future__ import annotations
+
+from typing import Any
 
 
 class LeaseError(Exception):
@@ -60,3 +63,37 @@ class Banned(LeaseError):
     def __init__(self, reason: str = "", seconds: float | None = None) -> None:
         super().__init__(reason or "banned")
         self.reason, self.seconds = reason, seconds
+
+
+class Cancelled(LeaseError):
+    """Raised in a durable handler (at its next step, sleep or wait) whose job an operator
+    cancelled while it ran: the job ends cancelled. Checking `ctx.cancelled` stops earlier."""
+
+
+class TimedOut(LeaseError):
+    """A durable handler's wait (`ctx.wait_for`) reached its timeout without its event."""
+
+
+class StepMismatch(Fail):
+    """A durable job met a stored step of another name at the same place: the handler's
+    code changed under it. It fails for good, unless the change is declared with
+    `ctx.patched(...)`."""
+
+
+class Suspend(BaseException):  # noqa: N818 - a control flow, not an error
+    """Raised by a durable handler's sleep or wait to give its worker slot back: the job
+    waits in the database until `until` (or, with `event`, that event). A BaseException,
+    so a handler's `except Exception` does not swallow it."""
+
+    def __init__(self, until: Any, event: str = "") -> None:
+        super().__init__(f"suspended until {until}" + (f" or the event {event!r}" if event else ""))
+        self.until, self.event = until, event
+
+
+class JobFailed(LeaseError):
+    """What a wait on a job's result (`leases.tasks.wait`, `Job.wait`) raises when the job
+    ended without succeeding: failed, dead or cancelled (`status`), or was deleted."""
+
+    def __init__(self, message: str, status: str = "") -> None:
+        super().__init__(message)
+        self.status = status

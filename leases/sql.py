@@ -224,8 +224,9 @@ def register(kind: str, templates: dict[str, str], tables: dict[str, str],
     Django choices, whose members the templates name: {job.ready} is JobStatus.READY as
     an SQL literal. Besides those, templates may use the dialect's fragments: {now},
     {later}, {random}, {skip_locked}, {for_update}, {upsert[conflict columns]}, {new[col]},
-    {steps[col]} (a time axis's bar of a column: params its start, its step in seconds)
-    and {returning} (ends an INSERT whose id `cursor.lastrowid` reads).
+    {steps[col]} (a time axis's bar of a column: params its start, its step in seconds),
+    {returning} (ends an INSERT whose id `cursor.lastrowid` reads) and {json} (a JSON
+    text parameter whose type no column gives).
     """
     _KINDS[kind] = (templates, tables, names or {})
 
@@ -281,6 +282,7 @@ def _build(kind: str, vendor: str, skip_locked: str, quote: Any) -> SimpleNamesp
         "new": _Pattern(dialect.new, "col"),
         "steps": _Pattern(dialect.steps, "col"),
         "returning": dialect.returning,
+        "json": dialect.json,
         **{key: quote(apps.get_model(label)._meta.db_table) for key, label in tables.items()},
         **{key: _literals(choices) for key, choices in names.items()},
     }

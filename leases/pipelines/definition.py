@@ -30,7 +30,9 @@ class Stage:
     a task of a stage this one depends on that returns a list: the tasks then run once
     per item, side by side whatever `parallel` says, at most `max_parallel` task jobs at
     once if given. A task that fails for good fails the run, unless `on_failure` is
-    "continue": the stage is recorded failed and the stages after it see None.
+    "continue": the stage is recorded failed and the stages after it see None. With
+    `wait_for`, the stage starts only once the run has received that event
+    (`run.send_event(name, data)`); its tasks find the run's events in their payload.
     """
 
     name: str
@@ -40,9 +42,12 @@ class Stage:
     for_each: str | None = None
     max_parallel: int | None = None
     on_failure: str = FAIL
+    wait_for: str | None = None
 
     def __post_init__(self) -> None:
         check_name(self.name, "stage name", NAME_LENGTH)
+        if self.wait_for is not None:
+            check_name(self.wait_for, f"stage {self.name!r}: wait_for", NAME_LENGTH)
         if isinstance(self.tasks, str) or not isinstance(self.tasks, (list, tuple)) or not self.tasks:
             raise ValueError(f"stage {self.name!r}: tasks must be a non-empty list of handler names")
         for task in self.tasks:
@@ -157,6 +162,7 @@ class Pipeline:
                     "for_each": stage.for_each,
                     "max_parallel": stage.max_parallel,
                     "on_failure": stage.on_failure,
+                    "wait_for": stage.wait_for,
                 }
                 for stage in self.stages
             ],
@@ -178,6 +184,7 @@ def from_snapshot(data: dict[str, Any]) -> Pipeline:
         Stage(
             name=item["name"], tasks=item["tasks"], parallel=item["parallel"], requires=item["requires"],
             for_each=item["for_each"], max_parallel=item["max_parallel"], on_failure=item["on_failure"],
+            wait_for=item.get("wait_for"),  # runs started before stages could wait have none
         )
         for item in data["stages"]
     ]

@@ -22,6 +22,7 @@ from django.db import connections, transaction
 from django.db.models import F, Min, Subquery
 
 from leases import clock, db
+from leases.encoding import load_json
 from leases.sql import update_each
 from leases.tasks import registry
 from leases.tasks.jobs.actions import cancel as cancel_jobs
@@ -80,7 +81,8 @@ def advance(run: Run, now: datetime, using: str) -> None:
             if run.status != Run.RUNNING:
                 return
             spec = specs[name]
-            if stage.status == StageRun.WAITING and all(_usable(stages[need], specs[need]) for need in requires[name]):
+            if stage.status == StageRun.WAITING and all(_usable(stages[need], specs[need]) for need in requires[name]) \
+                    and (spec.wait_for is None or spec.wait_for in _events(run)):
                 _start_stage(run, stage, spec, now, using)  # queues its first tasks
                 moved = True
             if stage.status != StageRun.RUNNING:
@@ -96,6 +98,12 @@ def advance(run: Run, now: datetime, using: str) -> None:
         stage.status in (StageRun.SUCCEEDED, StageRun.FAILED) for stage in stages.values()
     ):
         end_run(run, Run.SUCCEEDED, "", now, using)
+
+
+def _events(run: Run) -> dict:
+    """The run's events received (the locked row's column, read as stored)."""
+    events = run.events
+    return load_json(events) if isinstance(events, str) else (events or {})
 
 
 def _tasks_of(run: Run, stage: StageRun, spec: Stage, items: list | None) -> list[TaskRun]:
@@ -246,7 +254,8 @@ def _stage_failed(run: Run, stage: StageRun, spec: Stage, error: str, now: datet
 def end_run(run: Run, status: str, error: str, now: datetime, using: str,
             failed: tuple[StageRun, str] | None = None) -> bool:
     """Finish a live run: nothing new starts, waiting jobs are cancelled (their tasks
-    are recorded as cancelled in the same statement), running tasks finish unheeded.
+    are recorded as cancelled in the same statement); running tasks are asked to stop when
+    the run is cancelled, and finish unheeded when it failed.
     `failed` names the stage that failed it; the other unfinished stages are cancelled.
 
     Jobs are cancelled before stage rows are touched: a worker recording an outcome
@@ -266,8 +275,8 @@ def end_run(run: Run, status: str, error: str, now: datetime, using: str,
         cursor.execute(st.end_waiting, [skipped.value, stored, run.pk])
         cursor.execute(st.queued_jobs, [run.pk])
         queued = [job_id for (job_id,) in cursor.fetchall()]
-    for start in range(0, len(queued), CHUNK):
-        cancel_jobs(queued[start : start + CHUNK], using)
+    for start in range(0, len(queued), CHUNK):  # a cancelled run's running tasks are asked to stop too
+        cancel_jobs(queued[start : start + CHUNK], using, running=status == Run.CANCELLED)
     if failed is not None:
         _fail_stage(run, *failed, now, using)
     _end_stages(run, now, using)

@@ -92,6 +92,9 @@ class Run(models.Model):
     status = models.CharField(max_length=10, choices=STATUSES, default=RunStatus.RUNNING)
     definition = models.JSONField(help_text="The pipeline as it was when the run started.")
     context = models.JSONField(default=dict, blank=True)
+    #: Run-level events received (`send_event`), by name: a stage with `wait_for` starts
+    #: once its event is here.
+    events = models.JSONField(default=dict, blank=True, db_default={})
     error = models.TextField(blank=True, default="")
     queued_at = models.DateTimeField()
     started_at = models.DateTimeField(null=True, blank=True)
@@ -136,6 +139,17 @@ class Run(models.Model):
         False if it was running already; ValueError for a run that has ended. It also
         records tasks whose jobs ended unnoticed, so it moves a run that looks stuck."""
         return _steering().resume(self)
+
+    def send_event(self, name: str, data: object = None) -> bool:
+        """Give the run the event `name` with its JSON `data`: a stage waiting for it
+        starts. False if the run had it already (the first data stays); ValueError for a
+        run that has ended."""
+        return _steering().send_event(self, name, data)
+
+    def wait(self, timeout: float = 60.0) -> Run:
+        """The run, once it has ended (its status says how), waiting up to `timeout`
+        seconds; TimeoutError if it is still live then."""
+        return _steering().wait(self, timeout)
 
     def restart(self, stage: str) -> None:
         """Run a failed or cancelled stage again, then everything that depends on it."""

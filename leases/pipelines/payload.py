@@ -96,6 +96,7 @@ class PipelineTask:
     def __init__(self, spec: registry.Handler) -> None:
         self.spec = spec
         self.timeout = spec.timeout
+        self.is_async = spec.is_async  # run() then returns the coroutine the worker awaits
 
     def delay(self, attempt: int) -> float:
         return self.spec.delay(attempt)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import time
 import uuid
 from datetime import datetime, timedelta
 from typing import Any, Callable, TypeVar
@@ -14,15 +15,16 @@ from django.db import IntegrityError, transaction
 from django.db.models import F
 
 from leases import clock, db, routing
-from leases.encoding import dump_json
+from leases.encoding import dump_json, load_json
 from leases.tasks import registry, tracing
 from leases.tasks.jobs.actions import cancel as cancel_jobs
+from leases.tasks.jobs.payload import dump_payload
 from leases.tasks.jobs.queues import queue_settings
-from leases.validation import check_name
+from leases.validation import check_name, check_seconds
 
 from . import machine, store
 from .definition import Pipeline, downstream
-from .models import KEY_LENGTH, Run, StageRun, TaskRun
+from .models import KEY_LENGTH, NAME_LENGTH, Run, StageRun, TaskRun
 from .outcomes import record
 
 log = logging.getLogger("leases.pipelines")
@@ -111,6 +113,44 @@ def _step(run: Run, using: str | None, step: Callable[[Run, datetime, str], T]) 
     value = db.run(work, using)
     run.refresh_from_db(using=using)
     return value
+
+
+def send_event(run: Run, name: str, data: Any = None, using: str | None = None) -> bool:
+    """Record the run-level event `name` (JSON `data`) and advance the run, so a stage
+    waiting for it starts now. False if the run had it already; ValueError for a run
+    that has ended, a bad name or data that is not JSON."""
+    name = check_name(name, "event name", NAME_LENGTH)
+    text = dump_payload(data, "the event's data")
+
+    def step(locked: Run, now: datetime, alias: str) -> bool:
+        if locked.status not in Run.LIVE:
+            raise ValueError(f"pipeline run #{locked.pk} has {locked.status}: the event {name!r} was not sent")
+        events = machine._events(locked)
+        if name in events:
+            return False
+        Run.objects.using(alias).filter(pk=locked.pk).update(events={**events, name: load_json(text)})
+        locked.events = {**events, name: load_json(text)}
+        machine.advance(locked, now, alias)
+        return True
+
+    return _step(run, using, step)
+
+
+def wait(run: Run, timeout: float = 60.0, using: str | None = None) -> Run:
+    """`run`, refreshed once it has ended, waiting up to `timeout` seconds (reading its
+    status at growing intervals); TimeoutError if it is still live then."""
+    using = db.alias(using or run._state.db)
+    deadline, pause = time.monotonic() + check_seconds(timeout, "timeout"), 0.02
+    while True:
+        run.refresh_from_db(using=using, fields=["status", "error", "finished_at"])
+        if run.status not in Run.LIVE:
+            run.refresh_from_db(using=using)
+            return run
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"pipeline run #{run.pk} is still {run.status} after {timeout:g}s")
+        time.sleep(min(left, pause))
+        pause = min(0.25, pause * 2)
 
 
 def cancel(run: Run, using: str | None = None) -> bool:

@@ -20,6 +20,12 @@ _EXPORTS = {
     "Needs": "leases.tasks.needs",
     "Banned": "leases.exceptions",
     "JobContext": "leases.tasks.context",
+    "send_event": "leases.tasks.jobs.steps",
+    "wait": "leases.tasks.jobs.results",
+    "Cancelled": "leases.exceptions",
+    "TimedOut": "leases.exceptions",
+    "StepMismatch": "leases.exceptions",
+    "JobFailed": "leases.exceptions",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -28,4 +28,5 @@ class TasksConfig(AppConfig):
         add_panels(30, readings.dispatcher_panels)
         add_metrics(20, readings.job_metrics)
         add_metrics(25, readings.resource_job_metrics)
+        add_metrics(26, readings.durable_job_metrics)
         add_metrics(30, readings.dispatcher_metrics)

@@ -64,7 +64,7 @@ from leases.ops.readings import WINDOW, needs
 from leases.sql import in_list
 
 from . import registry, sql
-from .jobs import leasing
+from .jobs import counts, leasing
 from .models import DispatchWorker, Job, PoolTask, Queue, TaskPool
 
 #: One colour per queue in the depth charts, busiest first; the last is for the rest.
@@ -341,7 +341,18 @@ def job_panels(now: datetime, using: str) -> list[Panel]:
     found += [depth(window, waiting_per_bar(window, now, using), now, using) for window in (HOUR, DAY)]
     found.append(failures(day, hour, using))
     found.append(waiting_for_resources(using))
+    found.append(suspended_jobs(using))
     return found
+
+
+def suspended_jobs(using: str) -> Panel:
+    """Durable jobs suspended, per queue: sleeping, and waiting for an event (counts.suspended)."""
+    rows = [Row(queue, [("sleeping", BLUE, n["sleeping"]), ("waiting for an event", ORANGE, n["waiting"])],
+                f"{n['sleeping']:,} sleeping · {n['waiting']:,} waiting for an event")
+            for queue, n in sorted(counts.suspended(using).items())]
+    if not rows:
+        return Panel("Durable jobs suspended", nothing("No durable job sleeps or waits for an event."))
+    return Panel("Durable jobs suspended", rows_chart(f"Suspended jobs of {len(rows)} queue(s)", rows, shares=False))
 
 
 def waiting_for_resources(using: str) -> Panel:
@@ -401,6 +412,20 @@ def resource_job_metrics(now: datetime, using: str) -> Iterator[Any]:
                                "Due jobs that wait for a free resource of their pool.", labels=["pool"])
     for wait in leasing.waiting(using, every=True):
         family.add_metric([wait.pool], wait.due)
+    yield family
+
+
+@needs(VIEW_JOBS)
+def durable_job_metrics(now: datetime, using: str) -> Iterator[Any]:
+    """Durable jobs suspended per queue, sleeping or waiting for an event: one query."""
+    from prometheus_client.core import GaugeMetricFamily
+
+    family = GaugeMetricFamily("leases_jobs_suspended",
+                               "Durable jobs suspended, holding no worker: sleeping, or waiting for an event.",
+                               labels=["queue", "kind"])
+    for queue, n in sorted(counts.suspended(using).items()):
+        family.add_metric([queue, "sleeping"], n["sleeping"])
+        family.add_metric([queue, "event"], n["waiting"])
     yield family
 
 

@@ -78,6 +78,8 @@ class Handler:
     needs: Needs | None = None
     #: Whether it takes the attempt's context (a parameter named `ctx`).
     takes_context: bool = False
+    #: An `async def` handler: the worker awaits it on its event loop.
+    is_async: bool = False
 
     @property
     def keyed(self) -> bool:
@@ -85,7 +87,8 @@ class Handler:
         return by_payload(self.limit_key, self.needs)
 
     def run(self, job: Any) -> Any:
-        """Run one claimed job (the worker's entry point; other runners override it)."""
+        """Run one claimed job (the worker's entry point; other runners override it): its
+        result, or for an async handler the coroutine the worker awaits."""
         if self.takes_context:
             return self.func(job.payload, ctx=job.context)
         return self.func(job.payload)
@@ -128,7 +131,9 @@ def handler(
 
     It is called with the job's payload; what it returns (JSON) is kept as the result.
     It runs in a worker thread, so it may block; `timeout` fails an attempt that runs
-    longer (the thread itself cannot be stopped: its late outcome is ignored).
+    longer (the thread itself cannot be stopped: its late outcome is ignored). An
+    `async def` handler runs on the worker's event loop instead, counted in the same
+    concurrency; past its timeout it is cancelled.
     `limit_key` (a string, or a function of the payload) names the key its jobs count
     by: at most `concurrency` of a key run at once, and at most `rate` ("10/m") start
     per period, across every worker (see leases.tasks.jobs.limits). These settings apply
@@ -140,7 +145,8 @@ def handler(
     `lease` (a pool's name, or `Needs(...)`) makes each job hold a resource of that pool
     while it runs: it is claimed only together with a lease on a qualifying free one (see
     leases.tasks.needs). A handler with a parameter named `ctx` receives its attempt's
-    context (`leases.tasks.context.JobContext`), its lease included.
+    context (`leases.tasks.context.JobContext`), its lease included; through it the
+    handler is durable: its steps, sleeps and waits for events outlive the attempt.
 
     Above a Django task (``@handler(concurrency=1)`` over ``@task()``), without a name, it
     sets the limits of that task's jobs; `limit_key` is then a function of the task's
@@ -159,14 +165,12 @@ def handler(
         if name is None:
             raise ValueError(f"@handler() of {_qualname(func)} needs a name: the name its jobs are pushed by")
         check_name(name, "handler name", JOB_NAME_LENGTH)
-        if inspect.iscoroutinefunction(func) or inspect.isasyncgenfunction(func):
-            # Its call would return a coroutine, never run, and every job would fail for good.
-            raise ValueError(f"handler {name!r}: {_qualname(func)} is an async function, and handlers run in"
-                             " worker threads; register a plain function that runs it instead, e.g."
-                             " `def fetch(payload): return asyncio.run(afetch(payload))`")
+        if inspect.isasyncgenfunction(func):
+            raise ValueError(f"handler {name!r}: {_qualname(func)} is an async generator; a handler returns"
+                             " one result: make it an `async def` that returns")
         spec = Handler(name=name, func=func, queue=check_queue(queue), max_attempts=check_attempts(max_attempts),
                        backoff=check_backoff(backoff), timeout=check_timeout(timeout), internal=internal,
-                       takes_context=_takes_context(func), **shared)
+                       takes_context=_takes_context(func), is_async=inspect.iscoroutinefunction(func), **shared)
         existing = _HANDLERS.get(name)
         if existing is not None and existing.func is not func and _qualname(existing.func) != _qualname(func):
             raise ValueError(f"handler {name!r} is already registered to {_qualname(existing.func)}")

@@ -51,7 +51,7 @@ JOBS, POOLS, DISPATCHERS, RUNS = (
 HEADINGS = {
     JOBS: ["Jobs finished per minute, the last hour", "Jobs finished per hour, the last day",
            "Jobs waiting, the last hour", "Jobs waiting, the last day", "Failures per queue, the last day",
-           "Jobs waiting for a resource"],
+           "Jobs waiting for a resource", "Durable jobs suspended"],
     POOLS: ["Resource pools"],
     DISPATCHERS: ["Dispatchers"],
     RUNS: ["Pipeline runs: live, and ended in the last day"],

@@ -55,8 +55,9 @@ def test_an_htmx_request_gets_each_panel_as_a_fragment(client, root):
     fragment = response.content.decode()
     assert "<html" not in fragment and "<h1>" not in fragment
     sections = re.findall(r'<section id="leases-panel-([a-z0-9-]+)"[^>]*hx-swap-oob="true"', fragment)
-    # Every panel, and a chart in each but "Jobs waiting for a resource", with none waiting here.
-    assert sections == [panel.key for panel in response.context["panels"]] and len(sections) == CHARTS + 1
+    # Every panel, and a chart in each but "Jobs waiting for a resource" and "Durable jobs
+    # suspended", with none waiting or suspended here.
+    assert sections == [panel.key for panel in response.context["panels"]] and len(sections) == CHARTS + 2
     assert fragment.count('class="leases-chart"') == CHARTS
     live = controls(fragment)
     assert 'hx-swap-oob="true"' in live and 'hx-trigger="every 5s"' in live

@@ -36,6 +36,7 @@ FAMILIES = {
     "leases_tasks.view_job": {
         "leases_jobs", "leases_queue_oldest_due_age_seconds", "leases_queue_paused", "leases_job_outcomes",
         "leases_job_duration_mean_seconds", "leases_job_duration_max_seconds", "leases_jobs_waiting_for_resource",
+        "leases_jobs_suspended",
     },
     "leases_tasks.view_taskpool": {"leases_dispatcher_tasks", "leases_dispatcher_workers"},
     "leases_pipelines.view_run": {"leases_pipeline_runs"},
@@ -300,5 +301,6 @@ def test_metrics_queries_do_not_grow_with_rows(client, settings, scene):
     assert value(found, "leases_dispatcher_tasks", dispatcher="dispatcher3", state="pool") == 20
     assert cost() == few
     # the readings: resources, locks, bans, jobs waiting, queues, jobs finished, dispatchers, live and
-    # ended runs (and, unseen here, through leases.db, the jobs waiting for a resource per pool)
-    assert few == 9
+    # ended runs, durable jobs suspended (and, unseen here, through leases.db, the jobs waiting for a
+    # resource per pool)
+    assert few == 10

@@ -319,9 +319,11 @@ def test_cancel_retry_and_discard():
     running = push("noop", {"n": 2})
     Job.objects.filter(pk=waiting.pk).update(run_at=db_now() + timedelta(hours=1))
     worker().claim(1)
-    assert jobqueue.cancel([waiting.pk, running.pk]) == 1
+    assert jobqueue.cancel([waiting.pk, running.pk]) == 2  # the running one is asked to stop
     assert Job.objects.get(pk=waiting.pk).status == CANCELLED
-    assert Job.objects.get(pk=running.pk).status == RUNNING
+    row = Job.objects.get(pk=running.pk)
+    assert (row.status, row.cancel_requested_at is not None) == (RUNNING, True)  # its worker ends it
+    assert jobqueue.cancel([running.pk], running=False) == 0
     assert jobqueue.retry([waiting.pk, running.pk]) == 1
     row = Job.objects.get(pk=waiting.pk)
     assert (row.status, row.attempt, row.max_attempts) == (READY, 0, 3)  # the tries it had left

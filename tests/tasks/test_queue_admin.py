@@ -288,14 +288,21 @@ def statuses(jobs: dict[str, Job]) -> dict[str, int]:
     return {name: found.get(job.pk) for name, job in jobs.items()}
 
 
-def test_cancel_stops_waiting_jobs_and_leaves_running_and_finished_ones(admin_client, jobs):
+def test_cancel_stops_waiting_jobs_asks_running_ones_to_stop_and_leaves_finished_ones(admin_client, jobs):
     before = statuses(jobs)
     chosen = ("due", "retrying", "running", "succeeded")
     assert act(admin_client, JOBS, "cancel_selected", [jobs[n].pk for n in chosen]) == [
-        "Cancelled 2 of 4 selected jobs. 2 not waiting."
+        "Cancelled 3 of 4 selected jobs. 1 running: asked to stop at their worker's next heartbeat."
+        " 1 ended already."
     ]
     assert statuses(jobs) == {**before, "due": Job.CANCELLED, "retrying": Job.CANCELLED}
     assert Job.objects.get(pk=jobs["due"].pk).finished_at is not None
+    from django.contrib.admin.models import LogEntry
+
+    running = Job.objects.get(pk=jobs["running"].pk)
+    assert running.cancel_requested_at is not None  # its worker ends it, cancelled
+    assert LogEntry.objects.get(object_id=str(running.pk)).change_message == (
+        "Cancelled from the admin (running: asked to stop).")
 
 
 def test_retry_gives_failed_dead_and_cancelled_jobs_another_attempt(admin_client, jobs):

@@ -81,13 +81,13 @@ def raise_long_class(payload):
     raise LONG("long class path")
 
 
-def test_an_async_handler_is_refused_at_registration_with_what_to_do():
-    """It was registered, and each of its jobs then failed for good: its call returned a
-    coroutine, never awaited, that the result's JSON could not hold."""
+def test_an_async_generator_is_refused_at_registration_with_what_to_do():
+    """Its call would return an async iterator, never run, and each of its jobs would fail
+    for good; an `async def` that returns is a handler the worker awaits."""
     async def fetch(payload):
-        return payload
+        yield payload
 
-    with pytest.raises(ValueError, match=r"^handler 'crawl\.async': .*fetch is an async function.*asyncio\.run"):
+    with pytest.raises(ValueError, match=r"^handler 'crawl\.async': .*fetch is an async generator.*async def"):
         handler("crawl.async")(fetch)
     with pytest.raises(UnknownHandler):
         push("crawl.async", {})

@@ -34,8 +34,9 @@ from leases.ops.masking import mask_secrets, mask_task_call, mask_text
 from .. import registry
 from ..jobs import actions, leasing
 from ..jobs.recovery import recover_lapsed
-from ..models import Job, JobError, LimitKey, Queue
-from . import search
+from ..jobs.steps import waiting
+from ..models import Job, JobError, JobEvent, JobStep, LimitKey, Queue
+from . import durable, search
 from .shared import ReadOnly, relative
 
 #: Ids per engine call, well under the placeholder limits of MySQL and SQLite.
@@ -189,7 +190,7 @@ class JobLive(PerRequest):
 
     @admin.display(description="status", ordering="status")
     def status_text(self, obj: Job) -> str:
-        return Job.describe(obj.status, obj.attempt, obj.expires_at, request_now(self.request))
+        return Job.describe(obj.status, obj.attempt, obj.expires_at, request_now(self.request), obj.waiting_for)
 
     @admin.display(description="run at", ordering="run_at")
     def run_in(self, obj: Job) -> str:
@@ -207,6 +208,11 @@ class JobLive(PerRequest):
         if obj.status != Job.RUNNING or obj.expires_at is None:
             return EMPTY
         return relative(obj.expires_at, request_now(self.request))
+
+    @admin.display(description="waits for")
+    def waits_for(self, obj: Job) -> str:
+        """What a suspended durable job waits for, and until when (a wait's timeout)."""
+        return waiting(obj.waiting_for, obj.run_at, request_now(self.request), local_time)
 
     @admin.display(description="when")
     def when(self, obj: Job) -> str:
@@ -281,7 +287,7 @@ class JobAdmin(ReadOnly):
     show_facets = admin.ShowFacets.NEVER
     count_limit = 10000
     inlines = (JobErrorInline,)
-    actions = ("retry_selected", "cancel_selected", "discard_selected", "recover_selected")
+    actions = ("retry_selected", "cancel_selected", "discard_selected", "recover_selected", "send_event_selected")
 
     def get_search_results(self, request, queryset, search_term):
         """A number finds that job; payload terms match a payload's field; other words find
@@ -328,7 +334,36 @@ class JobAdmin(ReadOnly):
             }),
             *([("Resource", {"fields": ("pool", "target", "affinity", "held_resource")})] if obj and obj.pool else []),
             ("Payload and result", {"fields": shown}),
+            *([("Steps and events", {"fields": self._durable_fields(request, obj)})] if self._durable(obj) else []),
         ]
+
+    def _durable(self, obj: Job | None) -> bool:
+        """Whether the job is durable: it waits, was asked to stop, or stepped (an index read)."""
+        if obj is None:
+            return False
+        return bool(obj.waiting_for or obj.cancel_requested_at) or JobStep.objects.using(self.using).filter(
+            job_id=obj.pk).exists() or JobEvent.objects.using(self.using).filter(job_id=obj.pk).exists()
+
+    def _durable_fields(self, request, obj: Job) -> tuple[str, ...]:
+        shown = ("steps", "events") if may_change(request, self.opts) else ("masked_steps", "masked_events")
+        return (*((JobLive.of(request).waits_for,) if obj.status == Job.READY and obj.waiting_for else ()),
+                *(("cancel_requested_at",) if obj.cancel_requested_at else ()), *shown)
+
+    @admin.display(description="steps")
+    def steps(self, obj: Job) -> str:
+        return durable.steps_table(obj.pk, self.using, masked=False)
+
+    @admin.display(description="steps")
+    def masked_steps(self, obj: Job) -> str:
+        return durable.steps_table(obj.pk, self.using, masked=True)
+
+    @admin.display(description="events")
+    def events(self, obj: Job) -> str:
+        return durable.events_table(obj.pk, self.using, masked=False)
+
+    @admin.display(description="events")
+    def masked_events(self, obj: Job) -> str:
+        return durable.events_table(obj.pk, self.using, masked=True)
 
     @admin.display(description="holds")
     def held_resource(self, obj: Job) -> str:
@@ -407,16 +442,21 @@ class JobAdmin(ReadOnly):
 
     def _apply(self, request, queryset, call, verb: str, skipped: str, eligible: tuple[int, ...]) -> None:
         """Call `call(ids)` in batches and record it in the history of the jobs it may
-        have changed (those of an `eligible` status when it ran)."""
+        have changed (those of an `eligible` status when it ran); a running job that is
+        eligible (cancel) is asked to stop, and the message says how many were."""
         ids = list(queryset.values_list("id", flat=True))
         batches = [ids[i : i + ACTION_BATCH] for i in range(0, len(ids), ACTION_BATCH)]
-        done = 0
+        done = asked = 0
         for batch in batches:
             touched = list(Job.objects.using(self.using).filter(pk__in=batch, status__in=eligible))
             done += call(batch, using=self.using)
             for job in touched:
-                self.log_change(request, job, f"{verb} from the admin.")
+                running = job.status == Job.RUNNING
+                asked += running
+                self.log_change(request, job, f"{verb} from the admin{' (running: asked to stop)' if running else ''}.")
         text = f"{verb} {done} of {len(ids)} selected job{'s' if len(ids) != 1 else ''}."
+        if asked:
+            text += f" {asked} running: asked to stop at their worker's next heartbeat."
         if done < len(ids):
             text += f" {len(ids) - done} {skipped}."
         self.message_user(request, text, messages.SUCCESS if done else messages.WARNING)
@@ -426,14 +466,18 @@ class JobAdmin(ReadOnly):
         self._apply(request, queryset, actions.retry, "Retried", "not failed, dead or cancelled",
                     (Job.FAILED, Job.DEAD, Job.CANCELLED))
 
-    @admin.action(description="Cancel selected waiting jobs", permissions=["operate"])
+    @admin.action(description="Cancel selected jobs (running ones are asked to stop)", permissions=["operate"])
     def cancel_selected(self, request, queryset):
-        self._apply(request, queryset, actions.cancel, "Cancelled", "not waiting", Job.WAITING)
+        self._apply(request, queryset, actions.cancel, "Cancelled", "ended already", (*Job.WAITING, Job.RUNNING))
 
     @admin.action(description="Discard selected jobs that are not running", permissions=["operate"])
     def discard_selected(self, request, queryset):
         self._apply(request, queryset, actions.discard, "Discarded", "running",
                     tuple(status for status, _ in Job.STATUSES if status != Job.RUNNING))
+
+    @admin.action(description="Send an event to selected jobs...", permissions=["operate"])
+    def send_event_selected(self, request, queryset):
+        return durable.send_event(self, request, queryset)
 
     @admin.action(description="Recover selected lapsed jobs now (their worker is gone)", permissions=["operate"])
     def recover_selected(self, request, queryset):

@@ -1,6 +1,7 @@
 """An operator's actions on jobs (the admin, `manage.py jobs`, and your code): retry what
-ended badly, cancel what waits, discard what does not run. Each goes by ids, in chunks,
-and ends nothing a worker still runs."""
+ended badly, cancel what waits (and ask what runs to stop), discard what does not run.
+Each goes by ids, in chunks; none ends an attempt a worker still runs: cancelling one is a
+request its worker carries out."""
 from __future__ import annotations
 
 from datetime import datetime
@@ -11,6 +12,7 @@ from leases.sql import in_list
 
 from .. import sql
 from ..models import Job
+from . import steps
 from .outcomes import follow_ups
 
 #: Ids per statement, well under the placeholder limits of MySQL and SQLite.
@@ -36,10 +38,16 @@ def _by_chunks(ids: Sequence[int], act: Callable[[Any, Any, list[int]], int], us
     return done
 
 
-def cancel(ids: Sequence[int], using: str | None = None) -> int:
-    """Cancel waiting jobs (running ones are left to finish); returns how many. The rows are
-    locked first, so their on_finish jobs are queued for exactly the rows cancelled."""
+def cancel(ids: Sequence[int], using: str | None = None, running: bool = True) -> int:
+    """Cancel waiting jobs, and ask running ones to stop (with `running`; their workers
+    learn it at their next heartbeat, and the handler at its next step, sleep or wait, or
+    is abandoned after the worker's grace); returns how many of both. The waiting rows
+    are locked first, so their on_finish jobs are queued for exactly the rows cancelled."""
+    asked = steps.request_cancel(ids, using) if running else 0
+    return asked + _cancel_waiting(ids, using)
 
+
+def _cancel_waiting(ids: Sequence[int], using: str | None) -> int:
     def act(cursor: Any, st: Any, chunk: list[int]) -> int:
         cursor.execute(st.cancellable + in_list(chunk) + db.for_update(cursor.db), chunk)
         rows = cursor.fetchall()
@@ -79,6 +87,7 @@ def discard(ids: Sequence[int], using: str | None = None) -> int:
         if not doomed:
             return 0
         cursor.execute(st.delete_errors + in_list(doomed), doomed)
+        steps.delete_with(cursor, doomed)
         cursor.execute(st.discard + in_list(doomed), doomed)
         count = cursor.rowcount
         follow_ups(cursor, [(job_id, queue, then) for job_id, status, queue, then in rows if status in Job.WAITING])

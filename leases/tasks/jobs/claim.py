@@ -65,6 +65,11 @@ class ClaimedJob:
     lease: JobLease | None = None
     #: What its handler may take (`leases.tasks.context`), made when its attempt starts.
     context: Any = None
+    #: The database it lives on; whether (and since when, monotonic) an operator asked its
+    #: running attempt to stop (learnt at a heartbeat).
+    using: str = ""
+    cancel_requested: bool = False
+    cancel_seen_at: float | None = None
 
     @property
     def limits(self) -> tuple[str, int | None, str]:
@@ -72,14 +77,14 @@ class ClaimedJob:
         return self.limit_key, self.concurrency, self.rate
 
 
-def _claimed(row: tuple, worker: str, taken: bool, lease: JobLease | None = None) -> ClaimedJob:
+def _claimed(row: tuple, worker: str, taken: bool, lease: JobLease | None = None, using: str = "") -> ClaimedJob:
     """A row of "due" or "running_for"; `taken`: read after the claim, else before it."""
     step = 0 if taken else 1
     return ClaimedJob(
         id=row[0], priority=row[1], queue=row[3], name=row[4], backend=row[5], payload=load_json(row[6]),
         attempt=row[7] + step, max_attempts=row[8], key=row[9], claims=row[10] + step, worker=worker,
         on_finish=row[11], limit_key=row[12], concurrency=row[13], rate=row[14], traceparent=row[15],
-        pool=row[16], target=row[17], affinity=row[18], lease=lease,
+        pool=row[16], target=row[17], affinity=row[18], lease=lease, using=using,
     )
 
 
@@ -104,7 +109,7 @@ def claim(worker: str, queues: list[str], limit: int, ttl: float, using: str, un
 
     def work(cursor: Any, resumed: bool) -> list[ClaimedJob]:
         if resumed or unsure:
-            found = _take_back(cursor, worker, known)
+            found = _take_back(cursor, worker, known, using)
             if found:
                 return found
         if not queues:
@@ -115,10 +120,10 @@ def claim(worker: str, queues: list[str], limit: int, ttl: float, using: str, un
             for pool in pools:
                 if len(claimed) < limit:
                     got = leasing.claim_pool(cursor, worker, pool, queues, limit - len(claimed), ttl, lanes)
-                    claimed += [_claimed(row, worker, taken=False, lease=lease) for row, lease in got]
+                    claimed += [_claimed(row, worker, taken=False, lease=lease, using=using) for row, lease in got]
             rows = _due(cursor, queues, limit - len(claimed), skip) if len(claimed) < limit else []
             rows = lanes.within_limits(rows)
-            claimed += [_claimed(row, worker, taken=False) for row in lanes.start(rows)]
+            claimed += [_claimed(row, worker, taken=False, using=using) for row in lanes.start(rows)]
         return claimed
 
     return db.run(work, using), delayed[0]
@@ -146,14 +151,15 @@ class _Lanes:
         return _take(self.cursor, rows, self.worker, self.ttl, leases)
 
 
-def _take_back(cursor: Any, worker: str, known: frozenset[int]) -> list[ClaimedJob]:
+def _take_back(cursor: Any, worker: str, known: frozenset[int], using: str) -> list[ClaimedJob]:
     """What runs under the worker's name that it does not know of (a lost claim reply)."""
     cursor.execute(sql.jobs(cursor.db).running_for, (worker,))
     found = [row for row in cursor.fetchall() if row[0] not in known]
     if found:
         log.warning("worker %s: took back %d job(s) claimed before a lost reply: %s", worker, len(found),
                     ", ".join(f"{row[4]} #{row[0]}" for row in found))
-    return [_claimed(row, worker, taken=True, lease=leasing.lease_of(cursor, row, worker)) for row in found]
+    return [_claimed(row, worker, taken=True, lease=leasing.lease_of(cursor, row, worker), using=using)
+            for row in found]
 
 
 def _due(cursor: Any, queues: list[str], limit: int, skip: tuple[str, ...] = ()) -> list[tuple]:

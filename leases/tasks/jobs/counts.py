@@ -18,6 +18,7 @@ from leases.clock import db_now
 
 from .. import registry
 from ..models import Job
+from .steps import EVENT, SLEEPING
 
 #: The window of the finished counts.
 RECENT = timedelta(hours=1)
@@ -99,3 +100,12 @@ def due_elsewhere(queues: list[str], using: str | None = None) -> dict[str, int]
     rows = (Job.objects.using(using).order_by().filter(status="ready", run_at__lte=db_now(using))
             .exclude(queue__in=queues).values_list("queue").annotate(n=Count("pk")))
     return dict(rows)
+
+
+def suspended(using: str | None = None) -> dict[str, dict[str, int]]:
+    """Per queue, durable jobs suspended: "sleeping", and "waiting" for an event. One
+    grouped read of the ready rows (the claim index's status prefix), as `by_queue`'s."""
+    rows = (Job.objects.using(db.alias(using)).order_by().filter(status="ready").exclude(waiting_for="")
+            .values("queue").annotate(sleeping=Count("pk", filter=Q(waiting_for=SLEEPING)),
+                                      waiting=Count("pk", filter=Q(waiting_for__startswith=EVENT))))
+    return {row.pop("queue"): row for row in rows}

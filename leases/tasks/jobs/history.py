@@ -11,6 +11,7 @@ from leases import clock, conf, db
 from leases.sql import in_list
 
 from .. import sql
+from . import steps
 
 
 def _delete(ids: list, using: str | None) -> int:
@@ -21,6 +22,7 @@ def _delete(ids: list, using: str | None) -> int:
         st = sql.jobs(cursor.db)
         with db.write_transaction(cursor.db.alias):
             cursor.execute(st.delete_errors + in_list(ids), ids)
+            steps.delete_with(cursor, ids)
             cursor.execute(st.delete_finished + in_list(ids), ids)
             return cursor.rowcount
 

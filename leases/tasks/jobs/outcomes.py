@@ -14,15 +14,16 @@ from dataclasses import dataclass, replace
 from typing import Any, Iterable
 
 from leases import db, targets
-from leases.exceptions import BadResult, Banned
+from leases.exceptions import BadResult, Banned, Cancelled, Fail, Suspend
 from leases.sql import in_list
 from leases.validation import clean_text
 
 from .. import registry, sql
 from ..models import PRIORITY_RANGE, Job, JobError
 from ..needs import BAN_FOR
-from . import leasing, limits
+from . import leasing, limits, results, steps
 from .claim import ClaimedJob
+from .payload import dump_payload
 from .push import JobDefaults, announce, new_job, write
 
 #: Seconds before a job this worker has no handler for may be claimed again.
@@ -69,6 +70,11 @@ class Outcome:
     #: The target refused the job's resource (`Banned`): back to the queue without using a
     #: try, that resource banned for that target.
     banned: Banned | None = None
+    #: A durable handler's sleep or wait: the job waits, ready, until its end or event.
+    suspend: Suspend | None = None
+    #: The handler stopped on an operator's cancel (`Cancelled`), or ignored it past the
+    #: grace: the job ends cancelled.
+    cancelled: bool = False
     #: Seconds the attempt ran (for the log).
     seconds: float = 0.0
 
@@ -85,6 +91,29 @@ def failed(job: ClaimedJob, exc: BaseException, retryable: bool, delay: float = 
     return Outcome(job, ok=False, error=describe(exc), retryable=retryable, delay=delay)
 
 
+def raised(job: ClaimedJob, spec: Any, exc: BaseException) -> Outcome:
+    """The outcome of an attempt whose handler raised `exc`."""
+    if isinstance(exc, Suspend):  # a durable sleep or wait: the slot goes back, the job waits
+        return Outcome(job, ok=False, suspend=exc)
+    if isinstance(exc, Cancelled):
+        return Outcome(job, ok=False, error=describe(exc), cancelled=True)
+    if isinstance(exc, Banned):
+        if job.lease is None:  # nothing to ban: an ordinary failure
+            return failed(job, exc, retryable=True, delay=spec.delay(job.attempt))
+        return Outcome(job, ok=False, error=describe(exc), banned=exc)
+    if isinstance(exc, (Fail, BadResult)):
+        return failed(job, exc, retryable=False)
+    return failed(job, exc, retryable=True, delay=spec.delay(job.attempt))
+
+
+def returned(job: ClaimedJob, value: Any) -> Outcome:
+    """The outcome of an attempt whose handler returned `value` (JSON, or it failed)."""
+    try:
+        return Outcome(job, ok=True, result=dump_payload(value, "the handler's return value"))
+    except ValueError as exc:
+        return failed(job, BadResult(str(exc)), retryable=False)
+
+
 def _pairs(count: int) -> str:
     return " OR ".join(["(id = %s AND claims = %s)"] * count) + ")"
 
@@ -94,8 +123,8 @@ def write_outcomes(outcomes: list[Outcome], worker: str, grace: float, using: st
 
     Returns what was written of each failure, by job id: "retry", "dead", "failed",
     "bounced" (back later), "handed" (back now, for a worker that has its handler),
-    "banned" (back now, for another resource), "unhandled", or "" when its claim had been
-    taken from it. Resources the attempts held are released in the same transaction.
+    "banned" (back now, for another resource), "suspended" (a durable sleep or wait),
+    "cancelled", "unhandled", or "" when its claim had been taken from it. Resources the attempts held are released in the same transaction.
     """
     wins: dict[str, list[Outcome]] = {}
     followed = []  # succeeded jobs with an on_finish: written one by one, to know which ended
@@ -125,11 +154,12 @@ def write_outcomes(outcomes: list[Outcome], worker: str, grace: float, using: st
             for outcome in losses:
                 what = _write_failure(cursor, outcome, worker, grace)
                 written[outcome.job.id] = what
-                if what in ("dead", "failed", "unhandled"):
+                if what in ("dead", "failed", "unhandled", "cancelled"):
                     ended.append((outcome.job.id, outcome.job.queue, outcome.job.on_finish))
             follow_ups(cursor, ended)
             limits.free_slots(cursor, [o.job.limits for o in outcomes if o.job.limit_key], using)
             _release(cursor, [o for o in outcomes if o.job.lease is not None])
+            results.announce_ended(cursor, [o.job.id for o in outcomes if o.ok] + [i for i, _, _ in ended])
             # A freed slot or resource may let another worker's waiting job run now.
             announce(cursor, (o.job.queue for o in outcomes if (o.job.limit_key and o.job.concurrency) or o.job.lease))
 
@@ -166,6 +196,14 @@ def _write_failure(cursor: Any, outcome: Outcome, worker: str, grace: float) -> 
     if outcome.banned is not None:  # no try used; the next claim pairs it with another resource
         cursor.execute(st.give_back_banned, fence)
         return "banned" if cursor.rowcount == 1 else ""
+    if outcome.suspend is not None:  # no try used either: it resumes after its last step
+        return "suspended" if steps.suspend(cursor, job, outcome.suspend.until, outcome.suspend.event) else ""
+    if outcome.cancelled:
+        cursor.execute(sql.steps(cursor.db).end_cancelled, fence)
+        if cursor.rowcount != 1:
+            return ""
+        cursor.execute(st.record_error, (job.id, job.attempt, *outcome.error, worker))
+        return "cancelled"
     if outcome.bounce and outcome.elsewhere:
         cursor.execute(st.give_back_now, fence)
         return "handed" if cursor.rowcount == 1 else ""

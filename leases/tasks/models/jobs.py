@@ -163,6 +163,13 @@ class Job(models.Model):
     turn = models.BigIntegerField(default=0, help_text="Its place among its pool's jobs: targets take turns.")
     resource_id = models.BigIntegerField(null=True, blank=True, help_text="The resource row its attempt holds.")
     lease_token = models.BigIntegerField(null=True, blank=True, help_text="That lease's fencing token.")
+    # A durable job (leases.tasks.jobs.steps): what a suspended job waits for ("sleep", or
+    # "event:" and the event's name, up to 200 characters; '' once claimed), and when an
+    # operator asked its running attempt to stop.
+    waiting_for = models.CharField(max_length=210, blank=True, default="", db_default="",
+                                   help_text="What a suspended durable job waits for: 'sleep' or 'event:<name>'.")
+    cancel_requested_at = models.DateTimeField(null=True, blank=True,
+                                               help_text="When cancelling its running attempt was asked.")
 
     class Meta:
         indexes = [
@@ -186,13 +193,23 @@ class Job(models.Model):
     def __str__(self) -> str:
         return f"{self.name} #{self.pk}"
 
+    def wait(self, timeout: float = 60.0) -> Any:
+        """Its handler's result once it succeeded, waiting up to `timeout` seconds; JobFailed
+        if it ended otherwise, TimeoutError if it has not ended (see leases.tasks.wait)."""
+        from ..jobs.results import wait
+
+        return wait(self, timeout)
+
     @classmethod
-    def describe(cls, status: int, attempt: int, expires_at: datetime | None, now: datetime) -> str:
+    def describe(cls, status: int, attempt: int, expires_at: datetime | None, now: datetime,
+                 waiting_for: str = "") -> str:
         """The status as operators read it, `now` by the database clock: a ready job that
-        used tries awaits a retry; a running one whose lease lapsed lost its worker (the
-        next recovery puts it back)."""
+        used tries awaits a retry; a durable one sleeps or waits for an event; a running
+        one whose lease lapsed lost its worker (the next recovery puts it back)."""
         if status == cls.READY and attempt:
             return "awaiting retry"
+        if status == cls.READY and waiting_for:  # a durable job, suspended
+            return "sleeping" if waiting_for == "sleep" else f"waiting for {waiting_for.removeprefix('event:')!r}"
         if status == cls.RUNNING and expires_at is not None and expires_at <= now:
             return "running, lease lapsed"
         return dict(cls.STATUSES).get(status, str(status))

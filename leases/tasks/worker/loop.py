@@ -27,14 +27,14 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import Error, connections
 
 from leases import conf, db, routing
-from leases.exceptions import LeaseLost, UnknownHandler
+from leases.exceptions import Cancelled, LeaseLost, UnknownHandler
 from leases.validation import check_seconds
 
 from .. import registry
 from ..jobs import claim as claims
-from ..jobs import counts, handoff, history, leasing, limits, outcomes, recovery
+from ..jobs import counts, handoff, history, leasing, limits, outcomes, recovery, steps
 from ..jobs.claim import ClaimedJob
-from ..jobs.outcomes import Outcome, failed
+from ..jobs.outcomes import Outcome, describe, failed
 from ..jobs.queues import SETTINGS_TTL, all_queues
 from ..schedules.leader import Scheduler
 from . import report
@@ -414,15 +414,23 @@ class JobWorker:
                 return found
 
     def _expire_timeouts(self, threads: Threads) -> int:
+        """Abandon the attempts past their timeout, or cancelled and still running past the
+        grace: each stuck thread keeps running, its slot gets a new one (an async attempt
+        is cancelled), the outcome is written now (a late one is fenced out)."""
         now = time.monotonic()
-        late = [job for job in self.running.values() if job.deadline is not None and job.deadline <= now]
+        late = [job for job in self.running.values() if (job.deadline is not None and job.deadline <= now)
+                or (job.cancel_seen_at is not None and job.cancel_seen_at + self.grace <= now)]
         for job in late:
             job.abandoned = True
             del self.running[job.id]
-            threads.add()  # the stuck thread keeps running; its slot gets a new thread
-            exc = TimeoutError(f"job ran longer than its timeout of {job.handler.timeout:g}s")
-            self._pending.append(failed(job, exc, retryable=True, delay=job.handler.delay(job.attempt)))
-            log.warning("worker %s: job %s #%d timed out (attempt %d)", self.name, job.name, job.id, job.attempt)
+            threads.abandon(job)
+            if job.deadline is not None and job.deadline <= now:
+                exc = TimeoutError(f"job ran longer than its timeout of {job.handler.timeout:g}s")
+                self._pending.append(failed(job, exc, retryable=True, delay=job.handler.delay(job.attempt)))
+                log.warning("worker %s: job %s #%d timed out (attempt %d)", self.name, job.name, job.id, job.attempt)
+            else:
+                exc = Cancelled(f"cancelled while it ran, and still running {self.grace:g}s later: abandoned")
+                self._pending.append(Outcome(job, ok=False, error=describe(exc), cancelled=True))
         self._flush([])
         return len(late)
 
@@ -517,6 +525,14 @@ class JobWorker:
             self._adopt(old)
         recovery.extend(self.name, self._ours(), self.ttl, self.using)
         leasing.renew([job.lease for job in self.running.values() if job.lease is not None], self.ttl, self.using)
+        for job_id in steps.cancel_requested(self.name, [i for i, j in self.running.items() if not j.cancel_requested],
+                                             self.using):
+            job = self.running[job_id]
+            job.cancel_requested, job.cancel_seen_at = True, time.monotonic()
+            if job.context is not None:
+                job.context.cancel_requested = True
+            log.warning("worker %s: job %s #%d was cancelled while it runs: it stops at its next step, sleep or"
+                        " wait, or is abandoned in %gs", self.name, job.name, job.id, self.grace)
 
     def _adopt(self, old: str) -> None:
         """Running jobs still under the lapsed name were not recovered: keep them as ours."""

@@ -27,7 +27,7 @@ NAMES_SHOWN = 10
 #: What became of a failed attempt, by what write_outcomes wrote: tried again later, or
 #: the job ended for good (out of attempts, not to be retried, no worker had its handler).
 RETRIED = ("retry",)
-ENDED = ("dead", "failed", "unhandled")
+ENDED = ("dead", "failed", "unhandled", "cancelled")
 
 
 @dataclass
@@ -44,6 +44,7 @@ class Stats:
     recovered: int = 0
     bounced: int = 0
     banned: int = 0
+    suspended: int = 0
     claims: int = 0
     started: float = field(default_factory=time.monotonic)
 
@@ -66,6 +67,13 @@ def outcomes_written(worker: str, outcomes: list[Outcome], written: dict[int, st
         if what in ("bounced", "handed"):
             stats.bounced += 1
             _bounced(worker, outcome, what, grace, fields)
+            continue
+        if what == "suspended":
+            stats.suspended += 1
+            pause = outcome.suspend
+            waits = f"waits for the event {pause.event!r} until" if pause.event else "sleeps until"
+            log.info("job %s #%d on %s %s %s, holding no thread", job.name, job.id, job.queue, waits,
+                     f"{pause.until:%Y-%m-%d %H:%M:%S}Z", extra={**fields, "outcome": "suspended"})
             continue
         if what == "banned":
             stats.banned += 1
@@ -118,6 +126,9 @@ def _failure(outcome: Outcome, what: str, grace: float, fields: dict) -> None:
         log.warning("job %s #%d on %s failed in %s (attempt %d/%d), retry in %.1fs: %s", job.name, job.id,
                     job.queue, took, job.attempt, job.max_attempts, outcome.delay, error,
                     extra={**fields, "outcome": "retry", "retry_in": round(outcome.delay, 3)})
+    elif what == "cancelled":
+        log.warning("job %s #%d on %s cancelled while it ran (attempt %d/%d): %s", job.name, job.id, job.queue,
+                    job.attempt, job.max_attempts, error, extra={**fields, "outcome": "cancelled"})
     elif what == "unhandled":
         log.error("job %s #%d on %s failed, not retried: no worker had its handler for %gs", job.name, job.id,
                   job.queue, grace, extra={**fields, "outcome": "failed"})

@@ -12,13 +12,13 @@ from typing import Any
 from django.db import connections
 
 from leases import db
-from leases.exceptions import BadResult, Banned, Fail
 
 from .. import registry, tracing
 from ..context import context_for, running
+from ..jobs import outcomes
 from ..jobs.claim import ClaimedJob
-from ..jobs.outcomes import Outcome, describe, failed
-from ..jobs.payload import dump_payload
+from ..jobs.outcomes import Outcome, failed
+from .aio import EventLoop
 
 log = logging.getLogger("leases.tasks.worker")
 
@@ -56,22 +56,13 @@ def _attempt(job: ClaimedJob) -> Outcome:
         spec = job.handler or handler_for(job)
     except Exception as exc:  # noqa: BLE001 - e.g. a task path that is not a task
         return failed(job, exc, retryable=False)
-    job.context = context_for(job)
+    job.context = context_for(job, job.using)
     try:
         with tracing.running(job), running(job.context):
             value = spec.run(job)
-    except Banned as exc:
-        if job.lease is None:  # nothing to ban: an ordinary failure
-            return failed(job, exc, retryable=True, delay=spec.delay(job.attempt))
-        return Outcome(job, ok=False, error=describe(exc), banned=exc)
-    except (Fail, BadResult) as exc:
-        return failed(job, exc, retryable=False)
     except BaseException as exc:  # noqa: BLE001 - a handler must never kill the worker
-        return failed(job, exc, retryable=True, delay=spec.delay(job.attempt))
-    try:
-        return Outcome(job, ok=True, result=dump_payload(value, "the handler's return value"))
-    except ValueError as exc:
-        return failed(job, BadResult(str(exc)), retryable=False)
+        return outcomes.raised(job, spec, exc)
+    return outcomes.returned(job, value)
 
 
 def _tidy_connections() -> None:
@@ -105,12 +96,14 @@ def _check_idle_connections() -> None:
 
 class Threads:
     """`size` threads running handlers; a timed-out job's thread is replaced, and exits
-    when its handler finally returns. Outcomes go to `done`."""
+    when its handler finally returns. Async handlers run on one event loop beside them,
+    started with the first. Outcomes go to `done`."""
 
     def __init__(self, size: int, done: stdqueue.Queue) -> None:
         self.work: stdqueue.SimpleQueue = stdqueue.SimpleQueue()
         self.done = done
         self.size = size
+        self.loop: EventLoop | None = None
         for _ in range(size):
             self.add()
 
@@ -127,9 +120,23 @@ class Threads:
             connections.close_all()
 
     def submit(self, job: ClaimedJob) -> None:
-        self.work.put(job)
+        if getattr(job.handler, "is_async", False):
+            if self.loop is None:
+                self.loop = EventLoop(self.size, self.done)
+            self.loop.submit(job)
+        else:
+            self.work.put(job)
+
+    def abandon(self, job: ClaimedJob) -> None:
+        """Give up a running attempt (marked abandoned): an async one is cancelled; a
+        thread cannot be, so it gets a replacement."""
+        if self.loop is not None and self.loop.cancel(job):
+            return
+        self.add()
 
     def stop(self) -> None:
-        """Let each thread end once it is idle."""
+        """Let each thread end once it is idle; cancel what still runs on the loop."""
         for _ in range(self.size):
             self.work.put(None)
+        if self.loop is not None:
+            self.loop.stop()

@@ -1,4 +1,5 @@
-"""`manage.py jobs`: list, show, count, retry, cancel, discard and wait for queued jobs.
+"""`manage.py jobs`: list, show, count, retry, cancel, discard and wait for queued jobs,
+and send events to durable ones.
 
 Every read stays quick on a table of millions of finished jobs: `list` reads the newest
 rows by primary key, `stats` runs a fixed handful of grouped queries over the claim and
@@ -15,6 +16,7 @@ out, or the database is unavailable.
 """
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections.abc import Iterable, Sequence
@@ -32,7 +34,8 @@ from leases.models import Resource
 from leases.tasks import registry
 from leases.tasks.jobs import actions, counts, leasing
 from leases.tasks.jobs.queues import all_queues, known_queues
-from leases.tasks.models import Job, JobError
+from leases.tasks.jobs.steps import send_event, waiting
+from leases.tasks.models import Job, JobError, JobEvent, JobStep
 
 #: Seconds between two looks at the job in `wait`.
 POLL = 0.5
@@ -54,8 +57,8 @@ _ID = re.compile(r"[0-9]+")
 ACTIONS = {
     "retry": (actions.retry, "retried", "not failed, dead or cancelled", ("failed", "dead", "cancelled"),
               "run failed, dead or cancelled jobs again now"),
-    "cancel": (actions.cancel, "cancelled", "not waiting", ("ready", "blocked"),
-               "cancel waiting jobs (running ones finish)"),
+    "cancel": (actions.cancel, "cancelled", "ended already", ("ready", "blocked"),
+               "cancel waiting jobs; by id, running ones too (asked to stop at their worker's next heartbeat)"),
     "discard": (actions.discard, "discarded", "running", tuple(name for name in NAMES if name != "running"),
                 "delete jobs that are not running, with their errors"),
 }
@@ -131,7 +134,8 @@ def find_job(text: str, using: str) -> Job:
 
 class Command(LeasesCommand):
     help = (
-        "List, show, count, retry, cancel, discard and wait for queued jobs. Exit codes: 0 done, 1 wait "
+        "List, show, count, retry, cancel, discard and wait for queued jobs, and send events to durable ones."
+        " Exit codes: 0 done, 1 wait "
         "saw the job fail, die or be cancelled, or a job named by id was left alone (not in a status the "
         "action takes), 2 bad input (nothing written), 75 wait timed out or the database is unavailable."
     )
@@ -169,6 +173,11 @@ class Command(LeasesCommand):
                     help="with --status: only jobs that finished (or, not finished, were queued) longer ago "
                          "than this, e.g. 12h, 7d",
                 )
+        send = sub.add_parser("send-event", help="send an event to a durable job: a wait for it takes it")
+        send.add_argument("job", nargs="?", help="the job's id (or --key)")
+        send.add_argument("event", help="the event's name")
+        send.add_argument("--key", help="instead of an id: the key the job was pushed with")
+        send.add_argument("--data", default="null", help="the event's data, as JSON (default null)")
         wait = sub.add_parser("wait", help="wait for a job to end: exit 0 succeeded, 1 failed/dead/cancelled")
         wait.add_argument("job", help="the job's id")
         wait.add_argument("--timeout", default="30s", help="exit 75 after this, e.g. 90, 10m (default 30s)")
@@ -181,7 +190,7 @@ class Command(LeasesCommand):
         if action in ACTIONS:
             self._act(action, **options)
         else:
-            getattr(self, f"_{action}")(**options)
+            getattr(self, f"_{action.replace('-', '_')}")(**options)
 
     def _list(self, queue: str | None, status: str | None, name: str | None, limit: str, internal: bool,
               show_all: bool, **options: Any) -> None:
@@ -207,13 +216,13 @@ class Command(LeasesCommand):
         now = db_now(using)
         rows = list(jobs.values_list(
             "pk", "name", "queue", "status", "attempt", "max_attempts", "run_at", "worker", "finished_at",
-            "expires_at", "pool", "resource_id", "lease_token",
+            "expires_at", "pool", "resource_id", "lease_token", "waiting_for",
         )[:count])
         holds = _holdings(rows, using)
         lines = [["ID", "NAME", "QUEUE", "STATUS", "ATTEMPTS", "RUN AT", "WORKER", "FINISHED", *(["HOLDS"] * bool(holds))]]
-        for pk, job_name, job_queue, code, attempt, attempts, run_at, worker, finished_at, expires_at, *_ in rows:
+        for pk, job_name, job_queue, code, attempt, attempts, run_at, worker, finished_at, expires_at, *_, waits in rows:
             lines.append([
-                str(pk), shown(job_name), shown(job_queue), Job.describe(code, attempt, expires_at, now),
+                str(pk), shown(job_name), shown(job_queue), Job.describe(code, attempt, expires_at, now, shown(waits)),
                 f"{attempt}/{attempts}", relative(run_at, now), shown(worker) or "-",
                 clock(finished_at) or "-", *([holds.get(pk, "-")] * bool(holds)),
             ])
@@ -238,7 +247,7 @@ class Command(LeasesCommand):
             ["name", shown(found.name)],
             ["queue", shown(found.queue)],
             ["backend", shown(found.backend) or "- (a native handler job)"],
-            ["status", Job.describe(found.status, found.attempt, found.expires_at, now)],
+            ["status", Job.describe(found.status, found.attempt, found.expires_at, now, shown(found.waiting_for))],
             ["priority", str(found.priority)],
             ["attempts", f"{found.attempt}/{found.max_attempts}"],
             ["claims", str(found.claims)],
@@ -263,9 +272,14 @@ class Command(LeasesCommand):
                                found.resource_id, found.lease_token)], using).get(found.pk, "-")
             head += [["pool", shown(found.pool)], ["target", shown(found.target) or "-"],
                      ["affinity", shown(found.affinity) or "-"], ["holds", held]]
+        if found.status == Job.READY and found.waiting_for:  # a durable job, suspended
+            head.append(["waits for", waiting(shown(found.waiting_for), found.run_at, now, lambda at: when(at, now))])
+        if found.cancel_requested_at is not None and found.status == Job.RUNNING:
+            head.append(["cancel asked", when(found.cancel_requested_at, now)])
         self.stdout.write(table(head))
         self.stdout.write(block("payload", found.payload))
         self.stdout.write(block("result", found.result))
+        self._steps(found, now)
         errors = list(JobError.objects.using(using).filter(job_id=found.pk).order_by("attempt", "pk"))
         if not errors:
             self.stdout.write("no errors")
@@ -279,6 +293,23 @@ class Command(LeasesCommand):
             self.stdout.write(f"\nattempt {error.attempt} traceback:")
             for line in (error.traceback or "(none recorded)").splitlines():
                 self.stdout.write("  " + shown(line))
+
+    def _steps(self, found: Job, now: datetime) -> None:
+        """A durable job's steps in order (a result cut to one line) and the events sent to
+        it that no wait took yet; nothing for a job that never stepped."""
+        stored = list(JobStep.objects.using(self.using).filter(job_id=found.pk).order_by("seq"))
+        pending = list(JobEvent.objects.using(self.using).filter(job_id=found.pk, taken_seq=None).order_by("pk"))
+        if stored:
+            lines = [["STEP", "NAME", "STATE", "AT", "RESULT"]]
+            for step in stored:
+                state = "done" if step.done else f"until {ago(step.until, now)}" if step.until else "begun"
+                lines.append([str(step.seq), shown(step.name), state, clock(step.at),
+                              cell(json.dumps(step.result)) if step.done else "-"])
+            self.stdout.write(f"steps ({len(stored)}):\n" + table(lines))
+        if pending:
+            lines = [["EVENT", "SENT", "DATA"]] + [[shown(e.name), clock(e.sent_at), cell(json.dumps(e.data))]
+                                                   for e in pending]
+            self.stdout.write(f"events not yet taken ({len(pending)}):\n" + table(lines))
 
     def _stats(self, queue: str | None, **options: Any) -> None:
         using = self.using
@@ -302,6 +333,10 @@ class Command(LeasesCommand):
         if internal is not None:
             lines.append([counts.INTERNAL, *self._counts(internal, now), "-"])
         self.stdout.write(table(lines) if names else "no queues")
+        for name, n in sorted(counts.suspended(using).items()):  # durable jobs holding no worker
+            if name in names:
+                self.stdout.write(f"queue {shown(name)}: {n['sleeping']} durable job(s) sleeping,"
+                                  f" {n['waiting']} waiting for an event")
         for wait in leasing.waiting(using, every=True):  # jobs that need a resource, by pool
             self.stdout.write(f"pool {shown(wait.pool)}: {wait.due} due job(s) wait for a resource"
                               f" ({wait.slots} resources, {wait.free} free, {wait.quarantined} quarantined)")
@@ -347,14 +382,30 @@ class Command(LeasesCommand):
             seen += len(batch)
             if verbosity > 1:
                 self.stderr.write(f"{verb} {done} of {seen} so far")
-        left = [pk for pk, code in named.items() if LABELS[code] not in allowed]
+        by_id = (*allowed, "running") if action == "cancel" else allowed  # a running job, named, is asked to stop
+        left = [pk for pk, code in named.items() if LABELS[code] not in by_id]
         if named and done < seen:
             # Named by id, a job left alone is news a script must see: exit 1, saying why.
             why = ", ".join(f"#{pk} is {LABELS[named[pk]]}" for pk in left[:IDS_SHOWN]) or "they changed meanwhile"
             raise CommandError(f"{verb} {done} of {seen}: {seen - done} {skipped} ({why})", returncode=1)
         if verbosity > 0:
             detail = f" ({seen - done} {skipped})" if seen > done else ""
+            running = sum(code == Job.RUNNING for code in named.values()) if action == "cancel" else 0
+            detail += f" ({running} running: asked to stop)" if running else ""
             self.stdout.write(f"{verb} {done} of {seen}{detail}")
+
+    def _send_event(self, job: str | None, event: str, key: str | None, data: str, **options: Any) -> None:
+        """Send an event to a job named by id or key; bad JSON, a job that does not exist
+        or has ended is bad input (exit 2), nothing sent."""
+        if (job is None) == (key is None):
+            raise ValueError("send-event: give the job's id or --key, one of them")
+        try:
+            value = json.loads(data)
+        except ValueError as exc:
+            raise ValueError(f"--data is not JSON ({exc})") from None
+        target = key if key is not None else job_ids([job])[0]
+        job_id = send_event(target, event, value, using=self.using)
+        self.stdout.write(f"sent the event {shown(event)!r} to job #{job_id}")
 
     def _wait(self, job: str, timeout: str, **options: Any) -> None:
         try:

@@ -1,0 +1,101 @@
+"""The worker's event loop for `async def` handlers: one per worker process, in a thread
+of its own, started with the first async job. Each job is a task on it, counted in the
+worker's concurrency like a thread's job, so a hundred handlers that await the network
+cost one thread, not a hundred.
+
+What must not block the loop runs on its executor's threads: the runner's call (a
+pipeline task reads its payload there), and the context's durable calls
+(`ctx.astep`, `ctx.asleep`, `ctx.await_for`), which write to the database. A job given
+up (past its timeout, or cancelled and still running past the grace) is cancelled, which
+a coroutine, unlike a thread, allows.
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import inspect
+import queue as stdqueue
+import threading
+import time
+
+from .. import tracing
+from ..context import context_for, running
+from ..jobs import outcomes
+from ..jobs.claim import ClaimedJob
+from ..jobs.outcomes import Outcome
+
+#: Most threads of the loop's executor (durable calls and blocking steps of async handlers).
+EXECUTOR_THREADS = 32
+
+
+async def execute(job: ClaimedJob) -> Outcome:
+    """Run one attempt of an async handler; whatever it does or returns becomes its
+    outcome, except a cancellation of the worker's own (the job was given up)."""
+    began = time.monotonic()
+    spec = job.handler
+    job.context = context_for(job, job.using)
+    try:
+        with tracing.running(job), running(job.context):
+            pending = await asyncio.to_thread(spec.run, job)  # what reads the database before the handler
+            value = await pending if inspect.isawaitable(pending) else pending
+    except BaseException as exc:  # noqa: BLE001 - a handler must never kill the worker
+        if isinstance(exc, asyncio.CancelledError) and job.abandoned:
+            raise
+        outcome = outcomes.raised(job, spec, exc)
+    else:
+        outcome = outcomes.returned(job, value)
+    outcome.seconds = time.monotonic() - began
+    return outcome
+
+
+class EventLoop:
+    """An asyncio loop in a thread, running async handlers' jobs; outcomes go to `done`."""
+
+    def __init__(self, size: int, done: stdqueue.Queue) -> None:
+        self.done = done
+        self.loop = asyncio.new_event_loop()
+        self.executor = concurrent.futures.ThreadPoolExecutor(max_workers=max(4, min(size, EXECUTOR_THREADS)),
+                                                              thread_name_prefix="leases-async")
+        self.loop.set_default_executor(self.executor)
+        self.running: dict[int, concurrent.futures.Future] = {}
+        self.thread = threading.Thread(target=self._serve, name="leases-loop", daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        try:
+            self.loop.run_forever()
+            left = asyncio.all_tasks(self.loop)
+            for task in left:
+                task.cancel()
+            self.loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
+        finally:
+            self.loop.close()
+            self.executor.shutdown(wait=False, cancel_futures=True)
+
+    def submit(self, job: ClaimedJob) -> None:
+        self.running[job.id] = asyncio.run_coroutine_threadsafe(self._run(job), self.loop)
+
+    async def _run(self, job: ClaimedJob) -> None:
+        try:
+            self.done.put(await execute(job))
+        except asyncio.CancelledError:
+            pass  # given up: the worker wrote its outcome already
+        except Exception as exc:  # noqa: BLE001 - building its context failed: the attempt did
+            self.done.put(outcomes.failed(job, exc, retryable=True))
+        finally:
+            self.running.pop(job.id, None)
+
+    def cancel(self, job: ClaimedJob) -> bool:
+        """Cancel `job`'s attempt if it runs here; whether it did."""
+        future = self.running.pop(job.id, None)
+        if future is None:
+            return False
+        future.cancel()
+        return True
+
+    def stop(self) -> None:
+        """Cancel what still runs and end the loop's thread (without waiting for it)."""
+        if self.loop.is_closed():
+            return
+        self.loop.call_soon_threadsafe(self.loop.stop)
