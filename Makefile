@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 USES_MYSQL := $(findstring mysql,$(firstword $(subst :, ,$(DATABASE_URL))))
 USES_POSTGRES := $(findstring postgres,$(firstword $(subst :, ,$(DATABASE_URL))))
 
-.PHONY: venv demo test docs bench bench-queue bench-pipelines bench-resources bench-peers bench-capacity soak clean galera-up galera-down test-galera
+.PHONY: venv demo test test-django61 venv61 docs bench bench-queue bench-pipelines bench-resources bench-peers bench-capacity soak clean galera-up galera-down test-galera
 
 $(VENV)/.installed: requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,26 @@ demo: venv
 
 test: venv
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# Django 6.1 on Python 3.12, in its own venv: the Tasks backend, whose @task(...) takes a
+# job's options from 6.1 on. The pins of requirements.txt, with Django 6.1 in place of 5.2
+# and without the backport (Django has django.tasks built in).
+VENV61    ?= .venv61
+PYTHON312 ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python3.12) python3.12)
+DJANGO61  ?= django==6.1.3
+
+$(VENV61)/.installed: requirements.txt pyproject.toml
+	$(PYTHON312) -m venv $(VENV61)
+	$(VENV61)/bin/python -m pip install -q --upgrade pip
+	grep -v -i -E '^(django|django-tasks)==' requirements.txt > $(VENV61)/requirements.txt
+	$(VENV61)/bin/python -m pip install -q "$(DJANGO61)" -r $(VENV61)/requirements.txt
+	$(VENV61)/bin/python -m pip install -q --no-deps -e .
+	touch $@
+
+venv61: $(VENV61)/.installed
+
+test-django61: venv61
+	$(VENV61)/bin/python -m pytest tests/tasks/test_backend.py tests/tasks/test_backend_options.py $(PYTEST_ARGS)
 
 # The documentation site (docs/*.md through Sphinx, Furo and MyST); every warning is an error.
 $(VENV)/.docs: $(VENV)/.installed requirements-docs.txt
@@ -76,7 +96,7 @@ soak: $(VENV)/.mysql
 	$(PY) bench/soak.py $(SOAK_ARGS)
 
 clean:
-	rm -rf $(VENV) db.sqlite3* test_db.sqlite3*
+	rm -rf $(VENV) $(VENV61) db.sqlite3* test_db.sqlite3*
 
 # A three-node MariaDB Galera cluster behind HAProxy (galera/cluster.sh: nodes at
 # 127.0.0.1:3311-3313, HAProxy at 3310), and the tests that need it (tests/galera, which
