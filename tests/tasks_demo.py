@@ -1,7 +1,9 @@
 """Django Tasks used by the backend tests; workers load them with ``--import tests.tasks_demo``."""
 from __future__ import annotations
 
+import asyncio
 import os
+import threading
 import time
 
 from leases.tasks import Needs, handler
@@ -39,6 +41,14 @@ def which_attempt(context, fail_until: int) -> int:
 @task()
 async def async_add(a: int, b: int) -> int:
     return a + b
+
+
+@task()
+async def async_where(seconds: float) -> dict:
+    """Where an async task runs: the worker's event loop thread, its context reachable."""
+    began = time.time()
+    await asyncio.sleep(seconds)
+    return {"thread": threading.current_thread().name, "job": current().job_id, "began": began, "ended": time.time()}
 
 
 @handler(limit_key="one", concurrency=1)

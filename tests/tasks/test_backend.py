@@ -65,6 +65,20 @@ def test_a_real_worker_runs_tasks_end_to_end(manage, child_env):
         failed.return_value
 
 
+def test_async_tasks_run_together_on_the_workers_event_loop():
+    assert DatabaseBackend.supports_async_task
+    results = [tasks_demo.async_where.enqueue(0.5) for _ in range(4)]
+    worker = JobWorker(queues=["default"], concurrency=4, burst=True, ttl=5)
+    worker.run()
+    values = []
+    for result in results:
+        result.refresh()
+        assert result.status == TaskResultStatus.SUCCESSFUL, result.errors
+        values.append(result.return_value)
+        assert (values[-1]["thread"], values[-1]["job"]) == ("leases-loop", int(result.id))
+    assert max(v["began"] for v in values) < min(v["ended"] for v in values)  # all four awaited at once
+
+
 def test_context_sees_the_attempt_number():
     result = tasks_demo.which_attempt.enqueue(fail_until=2)
     Job.objects.filter(pk=int(result.id)).update(max_attempts=3)

@@ -206,10 +206,10 @@ class Job(models.Model):
         """The status as operators read it, `now` by the database clock: a ready job that
         used tries awaits a retry; a durable one sleeps or waits for an event; a running
         one whose lease lapsed lost its worker (the next recovery puts it back)."""
+        if status == cls.READY and waiting_for:  # a durable job, suspended (maybe after a retry)
+            return "sleeping" if waiting_for == "sleep" else f"waiting for {waiting_for.removeprefix('event:')!r}"
         if status == cls.READY and attempt:
             return "awaiting retry"
-        if status == cls.READY and waiting_for:  # a durable job, suspended
-            return "sleeping" if waiting_for == "sleep" else f"waiting for {waiting_for.removeprefix('event:')!r}"
         if status == cls.RUNNING and expires_at is not None and expires_at <= now:
             return "running, lease lapsed"
         return dict(cls.STATUSES).get(status, str(status))
