@@ -16,7 +16,10 @@ class TasksConfig(AppConfig):
         if not self.apps.is_installed("leases"):
             return  # what follows runs on the base app's models
         from . import registry
+        from .jobs import results
         from .schedules.fire import RUN_ENDED, runs_ended
+
+        self.results = results  # for Job.wait: the models import none of the behaviour above them
 
         registry.add_finisher(RUN_ENDED, runs_ended)
 

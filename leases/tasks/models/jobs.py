@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from django.apps import apps
 from django.core.validators import MinValueValidator
 from django.db import models
 
@@ -196,9 +197,7 @@ class Job(models.Model):
     def wait(self, timeout: float = 60.0) -> Any:
         """Its handler's result once it succeeded, waiting up to `timeout` seconds; JobFailed
         if it ended otherwise, TimeoutError if it has not ended (see leases.tasks.wait)."""
-        from ..jobs.results import wait
-
-        return wait(self, timeout)
+        return apps.get_app_config("leases_tasks").results.wait(self, timeout)
 
     @classmethod
     def describe(cls, status: int, attempt: int, expires_at: datetime | None, now: datetime,
