@@ -83,11 +83,12 @@ class StepMismatch(Fail):
 class Suspend(BaseException):  # noqa: N818 - a control flow, not an error
     """Raised by a durable handler's sleep or wait to give its worker slot back: the job
     waits in the database until `until` (or, with `event`, that event). A BaseException,
-    so a handler's `except Exception` does not swallow it."""
+    so a handler's `except Exception` does not swallow it. `seconds`, when known, is how
+    long a sleep begun now lasts (a --burst worker stays for a short one, as for a retry)."""
 
-    def __init__(self, until: Any, event: str = "") -> None:
+    def __init__(self, until: Any, event: str = "", seconds: float | None = None) -> None:
         super().__init__(f"suspended until {until}" + (f" or the event {event!r}" if event else ""))
-        self.until, self.event = until, event
+        self.until, self.event, self.seconds = until, event, seconds
 
 
 class JobFailed(LeaseError):

@@ -44,6 +44,13 @@ async def async_add(a: int, b: int) -> int:
 
 
 @task()
+def durable_nap(seconds: float) -> str:
+    """A task that sleeps durably, through its attempt's context, then ends."""
+    current().sleep(seconds)
+    return "rested"
+
+
+@task()
 async def async_where(seconds: float) -> dict:
     """Where an async task runs: the worker's event loop thread, its context reachable."""
     began = time.time()

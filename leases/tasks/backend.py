@@ -54,7 +54,7 @@ except ImportError:  # Django 5.2 with the backport
     TASK_OPTIONS = False  # the backport 0.12 would pass them too; Django 5.2 stays as it was
 
 from leases import conf
-from leases.exceptions import BadResult, Fail, QueueFull
+from leases.exceptions import BadResult, Banned, Cancelled, Fail, QueueFull, Suspend
 from leases.validation import Backoff, check_attempts, check_backoff, check_timeout
 
 from . import registry
@@ -294,7 +294,9 @@ class TaskHandler:
         return value
 
     def _failed(self, claimed: Any, result: TaskResult, exc: BaseException) -> None:
-        if isinstance(exc, (Fail, BadResult)) or claimed.attempt >= claimed.max_attempts:
+        if isinstance(exc, (Suspend, Banned)):
+            return  # a durable sleep or wait, or a banned resource: the task goes on later
+        if isinstance(exc, (Fail, BadResult, Cancelled)) or claimed.attempt >= claimed.max_attempts:
             # the task's end (a retried attempt is not)
             object.__setattr__(result, "status", TaskResultStatus.FAILED)
             result.errors.append(TaskError(exception_class_path=_path(exc), traceback=_trace(exc)))

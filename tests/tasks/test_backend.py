@@ -79,6 +79,24 @@ def test_async_tasks_run_together_on_the_workers_event_loop():
     assert max(v["began"] for v in values) < min(v["ended"] for v in values)  # all four awaited at once
 
 
+def test_a_durable_sleep_on_the_last_attempt_is_not_the_tasks_end():
+    finished = []
+
+    def receiver(sender, task_result, **kwargs):
+        finished.append(task_result.status)
+
+    result = tasks_demo.durable_nap.enqueue(0.2)
+    Job.objects.filter(pk=int(result.id)).update(max_attempts=1)
+    task_finished.connect(receiver)
+    try:
+        run_worker()  # the first run suspends; the burst waits for the sleep's end and runs it again
+    finally:
+        task_finished.disconnect(receiver)
+    result.refresh()
+    assert result.status == TaskResultStatus.SUCCESSFUL and result.return_value == "rested"
+    assert finished == [TaskResultStatus.SUCCESSFUL]
+
+
 def test_context_sees_the_attempt_number():
     result = tasks_demo.which_attempt.enqueue(fail_until=2)
     Job.objects.filter(pk=int(result.id)).update(max_attempts=3)

@@ -52,7 +52,7 @@ class Stats:
 def outcomes_written(worker: str, outcomes: list[Outcome], written: dict[int, str], stats: Stats,
                      grace: float) -> float:
     """Count and log outcomes once written; returns the moment (monotonic) a --burst
-    worker should stay until for the retries due soon (0 for none)."""
+    worker should stay until for the retries and durable sleeps due soon (0 for none)."""
     stay = 0.0
     for outcome in outcomes:
         job = outcome.job
@@ -74,6 +74,8 @@ def outcomes_written(worker: str, outcomes: list[Outcome], written: dict[int, st
             waits = f"waits for the event {pause.event!r} until" if pause.event else "sleeps until"
             log.info("job %s #%d on %s %s %s, holding no thread", job.name, job.id, job.queue, waits,
                      f"{pause.until:%Y-%m-%d %H:%M:%S}Z", extra={**fields, "outcome": "suspended"})
+            if pause.seconds is not None and pause.seconds <= BURST_RETRY_WAIT:
+                stay = max(stay, time.monotonic() + pause.seconds + 1.0)
             continue
         if what == "banned":
             stats.banned += 1
@@ -120,7 +122,9 @@ def took_over(worker: str, count: int) -> None:
 
 def _failure(outcome: Outcome, what: str, grace: float, fields: dict) -> None:
     job = outcome.job
-    error = f"{outcome.error[0]}: {outcome.error[1]}"
+    # A suspension carries no error: its write came back "" when the reply to the COMMIT
+    # that wrote it was lost (the rerun found the claim ended), and nothing is said of it.
+    error = f"{outcome.error[0]}: {outcome.error[1]}" if outcome.error is not None else ""
     took = span(outcome.seconds)
     if what == "retry":
         log.warning("job %s #%d on %s failed in %s (attempt %d/%d), retry in %.1fs: %s", job.name, job.id,

@@ -48,12 +48,14 @@ class Command(LeasesCommand):
         parser.add_argument("--queue", default="default", help="queues to serve, comma-separated, or * (default: default)")
         parser.add_argument("--database", help="the database alias to serve them on (default: where LEASES_ROUTES "
                                                "sends each queue; * serves every database in use)")
-        parser.add_argument("--concurrency", type=int, default=4, help="jobs run at once, in threads (default 4)")
+        parser.add_argument("--concurrency", type=int, default=4,
+                            help="jobs run at once, in threads or on the event loop of async handlers (default 4)")
         parser.add_argument("--poll", default="0.05", help="seconds between polls while idle (default 0.05; "
                             "on PostgreSQL pushes wake the worker at once and it polls every second)")
         parser.add_argument("--ttl", default="30", help=f"heartbeat lease in seconds, at least {MIN_TTL:g} (default 30)")
-        parser.add_argument("--grace", default="25", help="seconds running jobs get to finish on SIGTERM (default 25)")
-        parser.add_argument("--burst", action="store_true", help="exit when nothing is ready (after retries due within a minute)")
+        parser.add_argument("--grace", default="25", help="seconds running jobs get to finish on SIGTERM, and a"
+                            " cancelled running job to stop before it is abandoned (default 25)")
+        parser.add_argument("--burst", action="store_true", help="exit when nothing is ready (after retries and durable sleeps due within a minute)")
         parser.add_argument("--max-jobs", type=int, default=None, help="exit after claiming this many jobs")
         parser.add_argument(
             "--import", dest="imports", action="append", default=[], metavar="MODULE",
