@@ -32,7 +32,7 @@ class Stage:
     once if given. A task that fails for good fails the run, unless `on_failure` is
     "continue": the stage is recorded failed and the stages after it see None. With
     `wait_for`, the stage starts only once the run has received that event
-    (`run.send_event(name, data)`); its tasks find the run's events in their payload.
+    (`run.send_event(name, data)`); the events' data is kept in the run's `events`.
     """
 
     name: str

@@ -15,7 +15,6 @@ from typing import Any
 from django.db import connections
 
 from leases import db
-from leases.encoding import load_json
 from leases.exceptions import JobFailed
 from leases.validation import check_seconds
 
@@ -52,7 +51,7 @@ def wait(job: int | Job, timeout: float = 60.0, using: str | None = None) -> Any
                 raise JobFailed(f"job #{job_id} was deleted", "deleted")
             status, result = row
             if status == Job.SUCCEEDED:
-                return load_json(result) if isinstance(result, str) else result
+                return result  # decoded by the JSON field: a string result is the string
             if status in Job.FINISHED:
                 label = dict(Job.STATUSES)[status]
                 raise JobFailed(f"job #{job_id} {label}", label)

@@ -193,11 +193,13 @@ JOBS = {
         " WHERE status IN ({job.ready}, {job.blocked}) AND id IN ("
     ),
     # A finished job that did not succeed runs again now with the tries it has left, and
-    # at least one: max_attempts grows only when it was used up.
+    # at least one: max_attempts grows only when it was used up; a cancel asked of its
+    # last attempt is forgotten (else the new attempt would stop at its first heartbeat).
     "run_again": (
         "UPDATE {j} SET status = {job.ready}, run_at = {now}, max_attempts = CASE WHEN max_attempts > attempt"
         " THEN max_attempts ELSE attempt + 1 END, finished_at = NULL, worker = '', result = NULL,"
-        " bounced_at = NULL WHERE status IN ({job.failed}, {job.dead}, {job.cancelled}) AND id IN ("
+        " bounced_at = NULL, cancel_requested_at = NULL"
+        " WHERE status IN ({job.failed}, {job.dead}, {job.cancelled}) AND id IN ("
     ),
     "discardable": "SELECT id, status, queue, on_finish FROM {j} WHERE status <> {job.running} AND id IN (",
     "discard": "DELETE FROM {j} WHERE status <> {job.running} AND id IN (",
