@@ -24,7 +24,7 @@ from datetime import datetime
 from typing import Any, NoReturn
 
 from leases.exceptions import Banned, Cancelled, LeaseLost, StepMismatch, Suspend, TimedOut
-from leases.validation import MAX_SECONDS, check_moment, check_seconds
+from leases.validation import MAX_SECONDS, check_moment, check_name, check_seconds
 
 from .jobs import steps
 
@@ -111,7 +111,7 @@ class JobContext:
         """The data of the event `event` sent to this job (`send_event`): at once if one was
         sent and no wait took it yet, else the job waits for it in the database, holding no
         thread. After `timeout` seconds without one: `TimedOut`, or `default` if given."""
-        event = steps.check_step_name(event)
+        event = steps.check_event_name(event)
         if timeout is not None:
             timeout = check_seconds(timeout, "wait timeout", maximum=MAX_SECONDS)
         seq, stored = self._place(f"wait:{event}", finished=False)
@@ -132,7 +132,7 @@ class JobContext:
         it first under the new code, False for one whose stored steps came from the old
         (it goes on the old path, so sleeping jobs survive a deploy)."""
         self._check_cancelled()
-        marker = f"patch:{steps.check_step_name(change)}"
+        marker = f"patch:{check_name(change, 'patch name', steps.PATCH_NAME_LENGTH)}"
         stored = self._steps().get(self._seq + 1)
         if stored is not None and stored.name != marker:
             return False  # an old run: no marker was stored here, and its place stays the step's
@@ -191,8 +191,9 @@ class JobContext:
         seq, stored = self._place(name, finished=False)
         if stored is not None and (stored.done or stored.over):
             return  # slept: go on
-        until = stored.until if stored is not None else steps.begin(self, seq, name, self.using, seconds, at)
-        raise Suspend(until)
+        if stored is not None:
+            raise Suspend(stored.until)
+        raise Suspend(steps.begin(self, seq, name, self.using, seconds, at), seconds=seconds)
 
     def _steps(self) -> dict[int, Any]:
         if self._stored is None:

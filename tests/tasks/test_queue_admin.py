@@ -227,7 +227,8 @@ def test_jobs_cannot_be_added_edited_or_deleted_and_viewers_get_no_actions(clien
     assert admin_client.post(change, {"priority": 50, "status": Job.DEAD}).status_code == 403
     assert Job.objects.filter(pk=pk, priority=0, status=Job.READY).exists()
     actions = dict(admin_client.get(JOBS).context["action_form"].fields["action"].choices)
-    assert set(actions) - {""} == {"retry_selected", "cancel_selected", "discard_selected", "recover_selected"}
+    assert set(actions) - {""} == {"retry_selected", "cancel_selected", "discard_selected", "recover_selected",
+                                     "send_event_selected"}
 
     viewer = User.objects.create_user("viewer", password="pw", is_staff=True)
     viewer.user_permissions.add(*Permission.objects.filter(codename__in=["view_job", "view_joberror"]))

@@ -10,11 +10,14 @@ from django.contrib import admin, messages
 from django.template.response import TemplateResponse
 from django.utils.html import format_html, format_html_join
 
+from leases.clock import db_now
+from leases.management.text import parse_json
 from leases.ops.adminkit import EMPTY, local_time, pretty_json
 from leases.ops.masking import mask_secrets
 
 from ..jobs import steps
-from ..models import STEP_NAME_LENGTH, JobEvent, JobStep
+from ..jobs.payload import dump_payload
+from ..models import JobEvent, JobStep
 
 #: Characters of a step's result or an event's data shown in the table; the rest is folded.
 PREVIEW = 80
@@ -32,13 +35,14 @@ def _preview(value: object) -> str:
 
 def steps_table(job_id: int, using: str, masked: bool) -> str:
     """A durable job's last SHOWN steps, in order: done (and its result), or a sleep or a
-    wait begun and when it ends; a job of thousands of steps costs one short read."""
+    wait begun and when it ends (or ended: a sleep is not written again once it is over);
+    a job of thousands of steps costs one short read."""
     rows = list(JobStep.objects.using(using).filter(job_id=job_id).order_by("-seq")[:SHOWN])[::-1]
     if not rows:
         return EMPTY
-    cells = [(step.seq, step.name, "done" if step.done else f"until {local_time(step.until)}" if step.until
-              else "begun", local_time(step.at), _preview(_as(step.result, masked)) if step.done else EMPTY)
-             for step in rows]
+    now = db_now(using)
+    cells = [(step.seq, step.name, steps.state(step, now, local_time), local_time(step.at),
+              _preview(_as(step.result, masked)) if step.done else EMPTY) for step in rows]
     return _table(("step", "name", "state", "at", "result"), cells,
                   f"the last {SHOWN} of {rows[-1].seq}" if rows[0].seq > 1 else "")
 
@@ -69,16 +73,28 @@ def _table(head: tuple[str, ...], rows: list[tuple], note: str) -> str:
 
 
 class SendEventForm(forms.Form):
-    name = forms.CharField(max_length=STEP_NAME_LENGTH, help_text="The event a wait of the handler names.")
+    """Checked as send_event checks them, so a bad name or data is a form error, not a
+    refusal per selected job."""
+
+    name = forms.CharField(max_length=steps.EVENT_NAME_LENGTH,
+                           help_text="The event a wait of the handler names.")
     data = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 4}),
                            help_text="JSON (empty: null).")
+
+    def clean_name(self) -> str:
+        try:
+            return steps.check_event_name(self.cleaned_data["name"])
+        except ValueError as exc:
+            raise forms.ValidationError(str(exc)) from None
 
     def clean_data(self) -> object:
         text = self.cleaned_data["data"].strip()
         try:
-            return json.loads(text) if text else None
+            value = parse_json(text, "data") if text else None
+            dump_payload(value, "the event's data")  # NaN, too deep or too large: refused by send_event
         except ValueError as exc:
-            raise forms.ValidationError(f"not JSON ({exc})") from None
+            raise forms.ValidationError(str(exc)) from None
+        return value
 
 
 def send_event(model_admin: admin.ModelAdmin, request, queryset) -> TemplateResponse | None:

@@ -23,6 +23,7 @@ from leases.validation import check_name
 from .. import sql
 from ..models import STEP_NAME_LENGTH, Job
 from .payload import dump_payload
+from .push import announce
 
 #: What `Job.waiting_for` holds for a suspended job: a sleep, or a wait for an event.
 SLEEPING = "sleep"
@@ -49,8 +50,18 @@ class Superseded(Exception):
     it must write nothing more."""
 
 
+#: Longest event and patch names: a wait's step is stored as "wait:<event>", a patch's
+#: marker as "patch:<change>", within the step name's column.
+EVENT_NAME_LENGTH = STEP_NAME_LENGTH - len("wait:")
+PATCH_NAME_LENGTH = STEP_NAME_LENGTH - len("patch:")
+
+
 def check_step_name(name: Any) -> str:
     return check_name(name, "step name", STEP_NAME_LENGTH)
+
+
+def check_event_name(name: Any) -> str:
+    return check_name(name, "event name", EVENT_NAME_LENGTH)
 
 
 def load(job_id: int, using: str) -> dict[int, Stored]:
@@ -111,13 +122,19 @@ def begin(job: Any, seq: int, name: str, using: str, seconds: float | None = Non
 
 def take_event(job: Any, seq: int, name: str, using: str) -> tuple[bool, Any]:
     """(whether an event of `name` was there, its data): the oldest one no wait took, taken
-    by this wait (step `seq`, begun or not), in one transaction fenced by the claim."""
+    by this wait (step `seq`, begun or not), in one transaction fenced by the claim. A wait
+    done already (a lost reply) returns what it took."""
 
     def work(cursor: Any, resumed: bool) -> tuple[bool, Any]:
         st = sql.steps(cursor.db)
         with db.write_transaction(using):
-            cursor.execute(st.until, (job.id, seq))
-            begun = cursor.fetchone() is not None
+            cursor.execute(st.step, (job.id, seq))
+            step = cursor.fetchone()
+            if step is not None and step[0]:  # taken already: by a try whose COMMIT's reply was lost
+                stored = load_json(step[1]) if isinstance(step[1], str) else step[1]
+                if isinstance(stored, dict) and "data" in stored:
+                    return True, stored["data"]
+            begun = step is not None
             cursor.execute(st.next_event, (job.id, name))
             found = cursor.fetchone()
             if found is None:
@@ -128,7 +145,8 @@ def take_event(job: Any, seq: int, name: str, using: str) -> tuple[bool, Any]:
             if begun:
                 cursor.execute(st.finish, (result, job.id, seq, job.id, job.claims))
             else:
-                cursor.execute(st.record, (job.id, seq, name, result, job.id, job.claims))
+                # under the wait's own name, as a wait begun first is (`wait_for` checks it on reruns)
+                cursor.execute(st.record, (job.id, seq, f"wait:{name}", result, job.id, job.claims))
             if cursor.rowcount != 1:
                 raise Superseded(f"job #{job.id}'s claim {job.claims} is no longer current")
             cursor.execute(st.take_event, (seq, event_id))
@@ -141,7 +159,12 @@ def time_out(job: Any, seq: int, using: str) -> None:
     """A begun wait whose end came: done, timed out."""
 
     def work(cursor: Any, resumed: bool) -> int:
-        cursor.execute(sql.steps(cursor.db).finish, ('{"timed_out": true}', job.id, seq, job.id, job.claims))
+        st = sql.steps(cursor.db)
+        cursor.execute(st.finish, ('{"timed_out": true}', job.id, seq, job.id, job.claims))
+        if cursor.rowcount == 0 and resumed:  # written before the reply was lost?
+            cursor.execute(st.step, (job.id, seq))
+            step = cursor.fetchone()
+            return 1 if step is not None and step[0] else 0
         return cursor.rowcount
 
     if db.run(work, using) != 1:
@@ -174,6 +197,16 @@ def waiting(waiting_for: str, until: datetime, now: datetime, moment: Callable[[
     return f"{event}, or its timeout {moment(until)}"
 
 
+def state(step: Any, now: datetime, moment: Callable[[datetime], str]) -> str:
+    """A stored step as operators read it: done; or a begun sleep's or wait's end, 'until'
+    while to come, 'ended' once past (a sleep is not written again once it is over)."""
+    if step.done:
+        return "done"
+    if step.until is None:
+        return "begun"
+    return f"{'until' if step.until > now else 'ended'} {moment(step.until)}"
+
+
 def waits_for(event: str) -> str:
     """What a suspended job's row says it waits for: SLEEPING, or EVENT + the event's name."""
     return f"{EVENT}{event}" if event else SLEEPING
@@ -183,15 +216,21 @@ def send_event(job: int | str | Job, name: str, data: Any = None, using: str | N
     """Send the event `name` with its JSON `data` to a job (a Job, its id, or the key it was
     pushed with): kept until a wait of that name takes it, and waking the job if it waits
     for it now. Returns the job's id. ValueError (one line, nothing written) for a job that
-    does not exist or has ended, a bad name or data that is not JSON."""
-    name = check_step_name(name)
+    does not exist or has ended, a bad name or data that is not JSON. A lost reply is
+    looked up: the event is stored once."""
+    name = check_event_name(name)
     text = dump_payload(data, "the event's data")
     using = db.alias(using)
+    tries: list[int] = []  # the event's id as each try inserted it
 
     def work(cursor: Any, resumed: bool) -> int:
         st = sql.steps(cursor.db)
         job_id = _job_id(cursor, job)
         with db.write_transaction(using):
+            if resumed and tries:  # a try whose COMMIT's reply was lost may have stored it: sent once
+                cursor.execute(st.sent + in_list(tries), tries)
+                if cursor.fetchone() is not None:
+                    return job_id
             cursor.execute(st.lock_job, (job_id,))
             found = cursor.fetchone()
             if found is None:
@@ -200,7 +239,10 @@ def send_event(job: int | str | Job, name: str, data: Any = None, using: str | N
                 raise ValueError(f"job #{job_id} has ended ({dict(Job.STATUSES)[found[0]]}): the event {name!r}"
                                  " was not sent")
             cursor.execute(st.send, (job_id, name, text))
+            tries.append(cursor.lastrowid)
             cursor.execute(st.wake, (job_id, waits_for(name)))
+            if cursor.rowcount == 1:  # it waited for this event: wake its queue's listening workers now
+                announce(cursor, [found[2]])
         return job_id
 
     return db.run(work, using)

@@ -30,6 +30,8 @@ STEPS = {
     ),
     # Its end, read back. params: job, seq
     "until": "SELECT until FROM {s} WHERE job_id = %s AND seq = %s",
+    # Whether it is done, and its result. params: job, seq
+    "step": "SELECT done, result FROM {s} WHERE job_id = %s AND seq = %s",
     # A begun sleep or wait done (a wait's event data, or its timeout). params: result,
     # job, seq, then the fence
     "finish": (
@@ -43,12 +45,19 @@ STEPS = {
     # params: seq, event
     "take_event": "UPDATE {e} SET taken_seq = %s WHERE id = %s AND taken_seq IS NULL",
     # params: job, name, data
-    "send": "INSERT INTO {e} (job_id, name, data, sent_at) VALUES (%s, %s, %s, {now})",
+    "send": "INSERT INTO {e} (job_id, name, data, sent_at) VALUES (%s, %s, %s, {now}){returning}",
+    # Which of these events, sent by earlier tries of one send, are stored: one whose
+    # COMMIT's reply was lost is. Completed with ids.
+    "sent": "SELECT id FROM {e} WHERE id IN (",
     # The job an event goes to, locked (so a suspension decides after it, or it after the
     # suspension). params: job
-    "lock_job": "SELECT status, waiting_for FROM {j} WHERE id = %s{for_update}",
-    # A job that waits for this event runs now. params: job, what it waits for ("event:<name>")
-    "wake": "UPDATE {j} SET run_at = {now} WHERE id = %s AND status = {job.ready} AND waiting_for = %s",
+    "lock_job": "SELECT status, waiting_for, queue FROM {j} WHERE id = %s{for_update}",
+    # A job that waits for this event runs now, waiting for nothing but a worker (so operators
+    # no longer read it as waiting). params: job, what it waits for ("event:<name>")
+    "wake": (
+        "UPDATE {j} SET run_at = {now}, waiting_for = '' WHERE id = %s AND status = {job.ready}"
+        " AND waiting_for = %s"
+    ),
     # The unfinished job of a key (send_event by key). params: key
     "by_key": "SELECT id FROM {j} WHERE dedupe_key = %s AND finished_at IS NULL ORDER BY id DESC LIMIT 1",
     # A sleep or a wait suspends the attempt: back to ready until its end (or an event),
@@ -62,12 +71,12 @@ STEPS = {
     # ... unless the event it waits for came meanwhile. params: job, name
     "pending": "SELECT 1 FROM {e} WHERE job_id = %s AND name = %s AND taken_seq IS NULL",
     # params: job
-    "run_now": "UPDATE {j} SET run_at = {now} WHERE id = %s AND status = {job.ready}",
-    # An operator asks running attempts to stop (the worker learns it at its heartbeat).
-    # Completed with ids.
+    "run_now": "UPDATE {j} SET run_at = {now}, waiting_for = '' WHERE id = %s AND status = {job.ready}",
+    # An operator asks running attempts to stop (the worker learns it at its heartbeat); one
+    # asked before counts again, keeping when it was first asked. Completed with ids.
     "request_cancel": (
-        "UPDATE {j} SET cancel_requested_at = {now} WHERE status = {job.running} AND cancel_requested_at IS NULL"
-        " AND id IN ("
+        "UPDATE {j} SET cancel_requested_at = COALESCE(cancel_requested_at, {now})"
+        " WHERE status = {job.running} AND id IN ("
     ),
     # Which of a worker's running jobs were asked to stop. params: worker, then ids
     "cancel_requested": (

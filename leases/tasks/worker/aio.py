@@ -18,6 +18,8 @@ import queue as stdqueue
 import threading
 import time
 
+from django.db import connections
+
 from .. import tracing
 from ..context import context_for, running
 from ..jobs import outcomes
@@ -70,8 +72,28 @@ class EventLoop:
                 task.cancel()
             self.loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
         finally:
+            self._close_connections()  # before the loop's close shuts its executor down
             self.loop.close()
             self.executor.shutdown(wait=False, cancel_futures=True)
+
+    def _close_connections(self) -> None:
+        """Each executor thread closes the database connections it opened, as a handler
+        thread does when it ends (else each stays open until the process exits): one call
+        per thread, held at a barrier so no thread takes two; a thread still busy (a step
+        of an abandoned handler) keeps its connection."""
+        count = len(getattr(self.executor, "_threads", ()))
+        if not count:
+            return
+        barrier = threading.Barrier(count)
+
+        def close() -> None:
+            connections.close_all()
+            try:
+                barrier.wait(timeout=5.0)
+            except threading.BrokenBarrierError:
+                pass
+
+        concurrent.futures.wait([self.executor.submit(close) for _ in range(count)], timeout=10.0)
 
     def submit(self, job: ClaimedJob) -> None:
         self.running[job.id] = asyncio.run_coroutine_threadsafe(self._run(job), self.loop)

@@ -29,12 +29,12 @@ from leases import db, routing
 from leases.clock import db_now
 from leases.durations import parse_duration
 from leases.management.base import EX_TEMPFAIL, LeasesCommand, add_database_option
-from leases.management.text import ago, block, clock, elapsed, shown, table, when
+from leases.management.text import ago, block, clock, elapsed, parse_json, shown, table, when
 from leases.models import Resource
 from leases.tasks import registry
 from leases.tasks.jobs import actions, counts, leasing
 from leases.tasks.jobs.queues import all_queues, known_queues
-from leases.tasks.jobs.steps import send_event, waiting
+from leases.tasks.jobs.steps import send_event, state, waiting
 from leases.tasks.models import Job, JobError, JobEvent, JobStep
 
 #: Seconds between two looks at the job in `wait`.
@@ -302,8 +302,7 @@ class Command(LeasesCommand):
         if stored:
             lines = [["STEP", "NAME", "STATE", "AT", "RESULT"]]
             for step in stored:
-                state = "done" if step.done else f"until {ago(step.until, now)}" if step.until else "begun"
-                lines.append([str(step.seq), shown(step.name), state, clock(step.at),
+                lines.append([str(step.seq), shown(step.name), state(step, now, lambda at: ago(at, now)), clock(step.at),
                               cell(json.dumps(step.result)) if step.done else "-"])
             self.stdout.write(f"steps ({len(stored)}):\n" + table(lines))
         if pending:
@@ -399,10 +398,7 @@ class Command(LeasesCommand):
         or has ended is bad input (exit 2), nothing sent."""
         if (job is None) == (key is None):
             raise ValueError("send-event: give the job's id or --key, one of them")
-        try:
-            value = json.loads(data)
-        except ValueError as exc:
-            raise ValueError(f"--data is not JSON ({exc})") from None
+        value = parse_json(data, "--data")  # one line for nesting too deep as well
         target = key if key is not None else job_ids([job])[0]
         job_id = send_event(target, event, value, using=self.using)
         self.stdout.write(f"sent the event {shown(event)!r} to job #{job_id}")
