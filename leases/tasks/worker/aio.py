@@ -1,7 +1,8 @@
 """The worker's event loop for `async def` handlers: one per worker process, in a thread
 of its own, started with the first async job. Each job is a task on it, counted in the
 worker's concurrency like a thread's job, so a hundred handlers that await the network
-cost one thread, not a hundred.
+cost the loop's thread and a few of its executor's, not a hundred (handler threads start
+only when a plain job needs one).
 
 What must not block the loop runs on its executor's threads: the runner's call (a
 pipeline task reads its payload there), and the context's durable calls
@@ -26,6 +27,8 @@ from ..jobs import outcomes
 from ..jobs.claim import ClaimedJob
 from ..jobs.outcomes import Outcome
 
+#: Seconds a stopping worker waits for its loop's thread to end.
+STOP_WAIT = 12.0
 #: Most threads of the loop's executor (durable calls and blocking steps of async handlers).
 EXECUTOR_THREADS = 32
 
@@ -93,7 +96,10 @@ class EventLoop:
             except threading.BrokenBarrierError:
                 pass
 
-        concurrent.futures.wait([self.executor.submit(close) for _ in range(count)], timeout=10.0)
+        try:
+            concurrent.futures.wait([self.executor.submit(close) for _ in range(count)], timeout=10.0)
+        except RuntimeError:  # the interpreter is exiting: its connections close with the process
+            pass
 
     def submit(self, job: ClaimedJob) -> None:
         self.running[job.id] = asyncio.run_coroutine_threadsafe(self._run(job), self.loop)
@@ -117,7 +123,9 @@ class EventLoop:
         return True
 
     def stop(self) -> None:
-        """Cancel what still runs and end the loop's thread (without waiting for it)."""
+        """Cancel what still runs and end the loop's thread, waiting a little for it to
+        close its connections (a worker stops after its grace: what runs now is given up)."""
         if self.loop.is_closed():
             return
         self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=STOP_WAIT)

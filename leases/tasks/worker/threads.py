@@ -95,27 +95,30 @@ def _check_idle_connections() -> None:
 
 
 class Threads:
-    """`size` threads running handlers; a timed-out job's thread is replaced, and exits
-    when its handler finally returns. Async handlers run on one event loop beside them,
-    started with the first. Outcomes go to `done`."""
+    """Up to `size` threads running handlers, each started when a job finds none free, so
+    a worker of async handlers keeps few; a timed-out job's thread is given up (it exits
+    when its handler finally returns) and its place goes to a new one. Async handlers run
+    on one event loop beside them, started with the first. Outcomes go to `done`."""
 
     def __init__(self, size: int, done: stdqueue.Queue) -> None:
         self.work: stdqueue.SimpleQueue = stdqueue.SimpleQueue()
         self.done = done
         self.size = size
         self.loop: EventLoop | None = None
-        for _ in range(size):
-            self.add()
-
-    def add(self) -> None:
-        threading.Thread(target=self._loop, name="leases-job", daemon=True).start()
+        self._lock = threading.Lock()
+        self._started = 0  # threads serving `work`, those given up left out
+        self._running: set[int] = set()  # jobs handed to them and not ended
+        self._given_up: set[int] = set()
 
     def _loop(self) -> None:
         try:
             while (job := self.work.get()) is not None:
                 self.done.put(execute(job))
-                if job.abandoned:
-                    return  # a replacement took this thread's place
+                with self._lock:
+                    if job.id in self._given_up:
+                        self._given_up.discard(job.id)
+                        return  # its place went to another thread
+                    self._running.discard(job.id)
         finally:
             connections.close_all()
 
@@ -124,19 +127,31 @@ class Threads:
             if self.loop is None:
                 self.loop = EventLoop(self.size, self.done)
             self.loop.submit(job)
-        else:
-            self.work.put(job)
+            return
+        with self._lock:
+            self._running.add(job.id)
+            wanted = len(self._running) > self._started
+            self._started += wanted
+        if wanted:
+            threading.Thread(target=self._loop, name="leases-job", daemon=True).start()
+        self.work.put(job)
 
     def abandon(self, job: ClaimedJob) -> None:
         """Give up a running attempt (marked abandoned): an async one is cancelled; a
-        thread cannot be, so it gets a replacement."""
+        thread cannot be, so it is left to end on its own and no longer counts."""
         if self.loop is not None and self.loop.cancel(job):
             return
-        self.add()
+        with self._lock:
+            if job.id in self._running:  # else its thread ended it meanwhile and serves on
+                self._running.discard(job.id)
+                self._given_up.add(job.id)
+                self._started -= 1
 
     def stop(self) -> None:
         """Let each thread end once it is idle; cancel what still runs on the loop."""
-        for _ in range(self.size):
+        with self._lock:
+            started = self._started
+        for _ in range(started):
             self.work.put(None)
         if self.loop is not None:
             self.loop.stop()
