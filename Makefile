@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 USES_MYSQL := $(findstring mysql,$(firstword $(subst :, ,$(DATABASE_URL))))
 USES_POSTGRES := $(findstring postgres,$(firstword $(subst :, ,$(DATABASE_URL))))
 
-.PHONY: venv demo test test-django61 venv61 docs bench bench-queue bench-pipelines bench-resources bench-peers bench-capacity soak clean galera-up galera-down test-galera
+.PHONY: venv demo test test-django61 venv61 docs bench bench-queue bench-pipelines bench-resources bench-durable bench-peers bench-capacity soak clean galera-up galera-down test-galera
 
 $(VENV)/.installed: requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -82,6 +82,11 @@ bench-pipelines: $(VENV)/.bench $(if $(findstring sqlite,$(BENCH_ARGS)),,$(VENV)
 # MariaDB unless BENCH_ARGS="--database postgres" (or sqlite).
 bench-resources: $(VENV)/.bench $(if $(findstring sqlite,$(BENCH_ARGS)),,$(VENV)/.mysql $(VENV)/.postgres)
 	$(PY) bench/resources.py $(BENCH_ARGS)
+
+# Durable handlers: a step's cost beside plain jobs, 10,000 sleeping jobs holding no thread,
+# an event's round trip, async handlers; MariaDB unless BENCH_ARGS="--database postgres" (or sqlite).
+bench-durable: $(VENV)/.bench $(if $(findstring sqlite,$(BENCH_ARGS)),,$(VENV)/.mysql $(VENV)/.postgres)
+	$(PY) bench/durable.py $(BENCH_ARGS)
 
 # The job queue beside Procrastinate on PostgreSQL (Procrastinate in its own bench/.peers).
 bench-peers: $(VENV)/.bench $(VENV)/.postgres
