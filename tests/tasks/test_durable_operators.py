@@ -18,7 +18,7 @@ from django.core.management import CommandError, call_command
 
 from leases.clock import db_now
 from leases.tasks import handler, push
-from leases.tasks.jobs.steps import EVENT_NAME_LENGTH
+from leases.tasks.jobs.steps import EVENT_NAME_LENGTH, SHOWN
 from leases.tasks.models import Job, JobEvent, JobStep
 from leases.tasks.worker import JobWorker
 
@@ -53,6 +53,14 @@ def approve(payload, ctx):
     ctx.step("fetch", fetched, payload)
     fail_first(payload, ctx)
     return {"approved": ctx.wait_for("approved", timeout=payload.get("timeout"))}
+
+
+@handler("ops.pages", queue=QUEUE, max_attempts=1)
+def pages(payload, ctx):
+    """Many steps, then a wait: a job whose steps outnumber what operators are shown."""
+    for page in range(payload["pages"]):
+        ctx.step("page", lambda n: n, page)
+    return ctx.wait_for("approved")
 
 
 handler("ops.approve", queue=QUEUE, max_attempts=3, backoff=0.0)(approve)
@@ -245,6 +253,14 @@ def test_show_says_what_a_sleeping_job_waits_for_and_lists_its_steps():
     Job.objects.filter(pk=job.pk).update(run_at=db_now() - timedelta(minutes=5))
     work()  # the sleep is over: the job runs on and succeeds
     assert steps(run("show", str(job.pk)))["2"][1:3] == ["sleep", "ended 5m ago"]
+
+
+def test_show_lists_the_last_steps_of_a_job_of_many():
+    job = suspended("ops.pages", {"pages": SHOWN + 20})
+    out = run("show", str(job.pk))
+    found = {cells[0]: cells for cells in section(out, f"steps (the last {SHOWN} of {SHOWN + 21}):")}
+    assert list(found) == [str(seq) for seq in range(22, SHOWN + 22)]  # the newest, in order
+    assert found[str(SHOWN + 21)][1] == "wait:approved" and found["22"][1:3] == ["page", "done"]
 
 
 def test_show_says_which_event_a_job_waits_for_and_until_when():

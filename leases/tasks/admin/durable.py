@@ -22,7 +22,6 @@ from ..models import JobEvent, JobStep
 #: Characters of a step's result or an event's data shown in the table; the rest is folded.
 PREVIEW = 80
 #: Steps (the last ones) and events (the newest) a job's page shows.
-SHOWN = 50
 
 
 def _preview(value: object) -> str:
@@ -34,22 +33,22 @@ def _preview(value: object) -> str:
 
 
 def steps_table(job_id: int, using: str, masked: bool) -> str:
-    """A durable job's last SHOWN steps, in order: done (and its result), or a sleep or a
+    """A durable job's last steps (steps.SHOWN), in order: done (and its result), or a sleep or a
     wait begun and when it ends (or ended: a sleep is not written again once it is over);
     a job of thousands of steps costs one short read."""
-    rows = list(JobStep.objects.using(using).filter(job_id=job_id).order_by("-seq")[:SHOWN])[::-1]
+    rows = list(JobStep.objects.using(using).filter(job_id=job_id).order_by("-seq")[:steps.SHOWN])[::-1]
     if not rows:
         return EMPTY
     now = db_now(using)
     cells = [(step.seq, step.name, steps.state(step, now, local_time), local_time(step.at),
               _preview(_as(step.result, masked)) if step.done else EMPTY) for step in rows]
     return _table(("step", "name", "state", "at", "result"), cells,
-                  f"the last {SHOWN} of {rows[-1].seq}" if rows[0].seq > 1 else "")
+                  f"the last {steps.SHOWN} of {rows[-1].seq}" if rows[0].seq > 1 else "")
 
 
 def events_table(job_id: int, using: str, masked: bool) -> str:
-    """The events sent to a job, the newest SHOWN, and the step of the wait that took each."""
-    rows = list(JobEvent.objects.using(using).filter(job_id=job_id).order_by("-pk")[:SHOWN])[::-1]
+    """The events sent to a job, the newest (steps.SHOWN), and the step of the wait that took each."""
+    rows = list(JobEvent.objects.using(using).filter(job_id=job_id).order_by("-pk")[:steps.SHOWN])[::-1]
     if not rows:
         return EMPTY
     cells = [(event.name, local_time(event.sent_at),

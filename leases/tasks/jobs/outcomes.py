@@ -124,7 +124,8 @@ def write_outcomes(outcomes: list[Outcome], worker: str, grace: float, using: st
     Returns what was written of each failure, by job id: "retry", "dead", "failed",
     "bounced" (back later), "handed" (back now, for a worker that has its handler),
     "banned" (back now, for another resource), "suspended" (a durable sleep or wait),
-    "cancelled", "unhandled", or "" when its claim had been taken from it. Resources the attempts held are released in the same transaction.
+    "cancelled", "unhandled", or "" when its claim had been taken from it. Resources the
+    attempts held are released in the same transaction.
     """
     wins: dict[str, list[Outcome]] = {}
     followed = []  # succeeded jobs with an on_finish: written one by one, to know which ended

@@ -30,6 +30,9 @@ SLEEPING = "sleep"
 EVENT = "event:"
 #: A wait without a timeout ends this far away (the job's run time must be a moment).
 FOREVER = 10 * 365 * 86400.0
+#: The steps and events of one job operators see (the newest): a job of thousands of
+#: steps costs them one short read.
+SHOWN = 50
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ from leases.models import Resource
 from leases.tasks import registry
 from leases.tasks.jobs import actions, counts, leasing
 from leases.tasks.jobs.queues import all_queues, known_queues
-from leases.tasks.jobs.steps import send_event, state, waiting
+from leases.tasks.jobs.steps import SHOWN, send_event, state, waiting
 from leases.tasks.models import Job, JobError, JobEvent, JobStep
 
 #: Seconds between two looks at the job in `wait`.
@@ -295,16 +295,20 @@ class Command(LeasesCommand):
                 self.stdout.write("  " + shown(line))
 
     def _steps(self, found: Job, now: datetime) -> None:
-        """A durable job's steps in order (a result cut to one line) and the events sent to
-        it that no wait took yet; nothing for a job that never stepped."""
-        stored = list(JobStep.objects.using(self.using).filter(job_id=found.pk).order_by("seq"))
-        pending = list(JobEvent.objects.using(self.using).filter(job_id=found.pk, taken_seq=None).order_by("pk"))
+        """A durable job's last SHOWN steps in order (a result cut to one line) and the
+        events sent to it that no wait took yet (the oldest SHOWN); nothing for a job that
+        never stepped."""
+        stored = list(JobStep.objects.using(self.using).filter(job_id=found.pk).order_by("-seq")[:SHOWN])[::-1]
+        pending = list(JobEvent.objects.using(self.using).filter(job_id=found.pk, taken_seq=None)
+                       .order_by("pk")[:SHOWN])
         if stored:
             lines = [["STEP", "NAME", "STATE", "AT", "RESULT"]]
             for step in stored:
-                lines.append([str(step.seq), shown(step.name), state(step, now, lambda at: ago(at, now)), clock(step.at),
+                lines.append([str(step.seq), shown(step.name), state(step, now, lambda at: ago(at, now)),
+                              clock(step.at),
                               cell(json.dumps(step.result)) if step.done else "-"])
-            self.stdout.write(f"steps ({len(stored)}):\n" + table(lines))
+            count = f"the last {len(stored)} of {stored[-1].seq}" if stored[0].seq > 1 else len(stored)
+            self.stdout.write(f"steps ({count}):\n" + table(lines))
         if pending:
             lines = [["EVENT", "SENT", "DATA"]] + [[shown(e.name), clock(e.sent_at), cell(json.dumps(e.data))]
                                                    for e in pending]

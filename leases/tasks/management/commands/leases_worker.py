@@ -55,7 +55,8 @@ class Command(LeasesCommand):
         parser.add_argument("--ttl", default="30", help=f"heartbeat lease in seconds, at least {MIN_TTL:g} (default 30)")
         parser.add_argument("--grace", default="25", help="seconds running jobs get to finish on SIGTERM, and a"
                             " cancelled running job to stop before it is abandoned (default 25)")
-        parser.add_argument("--burst", action="store_true", help="exit when nothing is ready (after retries and durable sleeps due within a minute)")
+        parser.add_argument("--burst", action="store_true",
+                            help="exit when nothing is ready (after retries and durable sleeps due within a minute)")
         parser.add_argument("--max-jobs", type=int, default=None, help="exit after claiming this many jobs")
         parser.add_argument(
             "--import", dest="imports", action="append", default=[], metavar="MODULE",
