@@ -7,6 +7,9 @@ Import it after DATABASE_URL names the bench's database and before ``django.setu
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 from django.conf import settings
@@ -81,3 +84,19 @@ def database_version(flush: bool = True) -> str:
         version, policy = cur.fetchone()
     server = f"{'MariaDB' if conn.mysql_is_mariadb else 'MySQL'} {version}"
     return f"{server}, innodb_flush_log_at_trx_commit={policy}" if flush else server
+
+
+def peer_python(name: str) -> Path:
+    """The interpreter of the peer `name` (procrastinate, celery): its own environment,
+    bench/.peers/<name>, made on first use and brought up to date when
+    requirements-<name>.txt changes, so the project's venv never holds a peer."""
+    root = Path(__file__).resolve().parent
+    env, requirements = root / ".peers" / name, root.parent / f"requirements-{name}.txt"
+    python, installed = env / "bin" / "python", env / requirements.name
+    wanted = requirements.read_text()
+    if not python.exists() or not installed.exists() or installed.read_text() != wanted:
+        print(f"installing {requirements.name} in {env}", flush=True)
+        subprocess.run([sys.executable, "-m", "venv", str(env)], check=True)
+        subprocess.run([str(python), "-m", "pip", "install", "-q", "-r", str(requirements)], check=True)
+        installed.write_text(wanted)
+    return python

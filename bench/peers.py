@@ -44,13 +44,11 @@ ROOT = Path(__file__).resolve().parent.parent
 _HERE = Path(__file__).resolve().parent
 sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() not in (_HERE, ROOT)]
 
-from bench.benchdb import database_version, setup  # noqa: E402
+from bench.benchdb import database_version, peer_python, setup  # noqa: E402
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
 
 SERVER = "postgres://postgres@127.0.0.1:5432"
-PEER_ENV = _HERE / ".peers" / "procrastinate"
-PEER_REQUIREMENTS = ROOT / "requirements-procrastinate.txt"
 QUEUE, NAME = "bench_peers", "bench_peers_noop"
 
 
@@ -87,19 +85,6 @@ def noop(payload: Any) -> None:
 # -- their side -------------------------------------------------------------------------
 
 
-def peer_python() -> Path:
-    """Procrastinate's interpreter, its environment made on first use and brought up to
-    date when requirements-procrastinate.txt changes."""
-    python, installed = PEER_ENV / "bin" / "python", PEER_ENV / PEER_REQUIREMENTS.name
-    wanted = PEER_REQUIREMENTS.read_text()
-    if not python.exists() or not installed.exists() or installed.read_text() != wanted:
-        print(f"installing {PEER_REQUIREMENTS.name} in {PEER_ENV}", flush=True)
-        subprocess.run([sys.executable, "-m", "venv", str(PEER_ENV)], check=True)
-        subprocess.run([str(python), "-m", "pip", "install", "-q", "-r", str(PEER_REQUIREMENTS)], check=True)
-        installed.write_text(wanted)
-    return python
-
-
 def peer_database(server: str) -> str:
     """Procrastinate's database on the same server, made when missing."""
     with connections["default"].cursor() as cursor:
@@ -111,7 +96,7 @@ def peer_database(server: str) -> str:
 
 def theirs(url: str, *args: Any) -> dict:
     """One measurement on Procrastinate's side (-P: bench/queue.py must not shadow `queue`)."""
-    argv = [str(peer_python()), "-P", str(_HERE / "peer_procrastinate.py"), url, *map(str, args)]
+    argv = [str(peer_python("procrastinate")), "-P", str(_HERE / "peer_procrastinate.py"), url, *map(str, args)]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=900)
     if done.returncode:
         raise SystemExit(f"procrastinate {args[0]} failed:\n{done.stderr[-2000:]}")
