@@ -3,6 +3,7 @@ handlers log, a child process that reports on stdout and takes commands on stdin
 long a pushed job waited for a worker, and the end of a drain by worker processes."""
 from __future__ import annotations
 
+import io
 import json
 import os
 import queue
@@ -121,3 +122,23 @@ def drain_and_check(workers, procs, log, total: int, timeout: float = 120) -> Co
     runs = Counter(n for n, _ in log_lines(log))
     assert set(runs) == set(range(total))
     return runs
+
+
+def jobs_command(*args: str) -> str:
+    """`manage.py jobs ...` in this process: what it printed."""
+    from django.core.management import call_command
+
+    out = io.StringIO()
+    call_command("jobs", *args, stdout=out, stderr=io.StringIO())
+    return out.getvalue()
+
+
+def jobs_command_fails(*args: str, code: int = 2) -> str:
+    """`manage.py jobs ...` that must fail with exit `code` and one line: that line."""
+    import pytest
+    from django.core.management import CommandError
+
+    with pytest.raises(CommandError) as info:
+        jobs_command(*args)
+    assert info.value.returncode == code and "\n" not in str(info.value)
+    return str(info.value)

@@ -12,7 +12,7 @@ from datetime import timedelta
 import pytest
 from django.contrib import admin
 from django.contrib.auth.models import User
-from django.core.management import CommandError, call_command
+from django.core.management import call_command
 from django.db import connection
 from django.test import RequestFactory
 from django.test.utils import CaptureQueriesContext
@@ -25,23 +25,12 @@ from leases.tasks import push, push_many, registry
 from leases.tasks import queue as jobqueue
 from leases.tasks.models import DispatchWorker, Job, JobError, PoolTask, Queue
 from leases.tasks.worker import JobWorker
+from tests.helpers import jobs_command as run
+from tests.helpers import jobs_command_fails as fails
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("fresh_queue_settings")]
 
 NAMES = "ready, running, succeeded, failed, dead, cancelled, blocked"
-
-
-def run(*args: str) -> str:
-    out = io.StringIO()
-    call_command("jobs", *args, stdout=out, stderr=io.StringIO())
-    return out.getvalue()
-
-
-def fails(*args: str, code: int = 2) -> str:
-    with pytest.raises(CommandError) as info:
-        run(*args)
-    assert info.value.returncode == code and "\n" not in str(info.value)
-    return str(info.value)
 
 
 def work() -> None:

@@ -8,19 +8,19 @@ The rows are made by the engine: durable handlers below run in an in-process wor
 suspend on their sleep or wait, as they would in production."""
 from __future__ import annotations
 
-import io
 import re
 import subprocess
 from datetime import timedelta
 
 import pytest
-from django.core.management import CommandError, call_command
 
 from leases.clock import db_now
 from leases.tasks import handler, push
 from leases.tasks.jobs.steps import EVENT_NAME_LENGTH, SHOWN
 from leases.tasks.models import Job, JobEvent, JobStep
 from leases.tasks.worker import JobWorker
+from tests.helpers import jobs_command as run
+from tests.helpers import jobs_command_fails as fails
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("fresh_queue_settings")]
 
@@ -88,19 +88,6 @@ def ended(payload: dict | None = None, **options) -> Job:
     job.refresh_from_db()
     assert job.status == Job.SUCCEEDED
     return job
-
-
-def run(*args: str) -> str:
-    out = io.StringIO()
-    call_command("jobs", *args, stdout=out, stderr=io.StringIO())
-    return out.getvalue()
-
-
-def fails(*args: str, code: int = 2) -> str:
-    with pytest.raises(CommandError) as info:
-        run(*args)
-    assert info.value.returncode == code and "\n" not in str(info.value)
-    return str(info.value)
 
 
 def rows(out: str) -> dict[str, list[str]]:
