@@ -452,9 +452,14 @@ def write_transaction(using: str | None = None) -> Iterator[None]:
 
     A deferred SQLite transaction that reads first and writes later fails with "database
     is locked" when another writer got in between; BEGIN IMMEDIATE waits for the lock
-    (busy timeout) instead. Elsewhere this is plain `transaction.atomic()`.
+    (busy timeout) instead. On MySQL an outermost one is started with one statement
+    (`_started`); elsewhere, and inside a caller's transaction, this is `transaction.atomic()`.
     """
     connection = connections[alias(using)]
+    if connection.vendor == "mysql" and not connection.in_atomic_block and connection.get_autocommit():
+        with _started(connection):
+            yield
+        return
     immediate = connection.vendor == "sqlite" and not connection.in_atomic_block
     previous = getattr(connection, "transaction_mode", None)
     if immediate:
@@ -467,6 +472,54 @@ def write_transaction(using: str | None = None) -> Iterator[None]:
     finally:
         if immediate:
             connection.transaction_mode = previous
+
+
+@contextmanager
+def _started(connection: BaseDatabaseWrapper) -> Iterator[None]:
+    """An outermost transaction on MySQL: START TRANSACTION ... COMMIT, the session left in
+    autocommit. `atomic()` switches autocommit off before and on after, a server round trip
+    each way: with the COMMIT, three for the two a transaction needs, which a worker pays
+    at every claim and every batch of outcomes.
+
+    Django is told what `atomic()` would tell it (in an atomic block, not autocommitting),
+    so a nested `atomic()` makes a savepoint, `on_commit` waits for the COMMIT, `run()`
+    does not retry inside, and a connection closed inside is dropped at the end."""
+    connection.ensure_connection()
+    with connection.wrap_database_errors:
+        connection.connection.query("START TRANSACTION")
+    connection.in_atomic_block, connection.autocommit = True, False
+    connection.commit_on_exit, connection.needs_rollback = True, False
+    committed = False
+    try:
+        yield
+        if not connection.needs_rollback:
+            with connection.wrap_database_errors:
+                connection.connection.commit()
+            committed = True
+    finally:
+        connection.in_atomic_block, connection.autocommit = False, True
+        if not committed:
+            _roll_back(connection)
+        connection.needs_rollback = False
+        if connection.closed_in_transaction:  # as atomic() does: the server rolled back
+            connection.closed_in_transaction = False
+            connection.connection = None
+    connection.errors_occurred = False
+    connection.run_and_clear_commit_hooks()
+
+
+def _roll_back(connection: BaseDatabaseWrapper) -> None:
+    """Roll back a failed transaction; a connection that cannot is dropped (the server
+    rolls back what a closed session left)."""
+    connection.run_on_commit = []
+    if connection.connection is None or connection.closed_in_transaction:
+        return
+    try:
+        with connection.wrap_database_errors:
+            connection.connection.rollback()
+    except Exception as exc:  # noqa: BLE001 - the error that matters is the caller's
+        log.debug("rolling back failed, dropping the connection: %s", one_line(exc))
+        close(connection)
 
 
 def answers(using: str | None = None) -> bool:
