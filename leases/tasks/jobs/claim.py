@@ -13,7 +13,7 @@ back what runs under its name and it does not know of.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -95,7 +95,8 @@ def _limits_of_row(row: tuple) -> tuple[str, int | None, str]:
 
 def claim(worker: str, queues: list[str], limit: int, ttl: float, using: str, unsure: bool = False,
           known: frozenset[int] = frozenset(), skip: tuple[str, ...] = (),
-          pools: Sequence[str] = ()) -> tuple[list[ClaimedJob], float | None]:
+          pools: Sequence[str] = (), first: Callable[[Any], None] | None = None,
+          ) -> tuple[list[ClaimedJob], float | None]:
     """(up to `limit` due jobs of `queues`, claimed by `worker` for `ttl` seconds; seconds
     until the soonest job a rate delayed may start, or None).
 
@@ -103,19 +104,22 @@ def claim(worker: str, queues: list[str], limit: int, ttl: float, using: str, un
     need none. `unsure`: an earlier claim may have committed unseen; then what runs
     under the worker's name and is not `known` (running or finished here) is taken back
     instead. `skip`: names of jobs to leave to other workers (handlers this one lacks:
-    `handoff`).
+    `handoff`). `first(cursor)`: statements to run at the start of the claim's
+    transaction (a worker's last outcomes, `outcomes.Ending`), so both take one commit.
     """
     delayed: list[float | None] = [None]
 
     def work(cursor: Any, resumed: bool) -> list[ClaimedJob]:
-        if resumed or unsure:
-            found = _take_back(cursor, worker, known, using)
-            if found:
-                return found
-        if not queues:
-            return []
+        found = _take_back(cursor, worker, known, using) if resumed or unsure else []
+        if found or not queues:
+            if first is not None:
+                with db.write_transaction(using):
+                    first(cursor)
+            return found
         claimed: list[ClaimedJob] = []
         with db.write_transaction(using):
+            if first is not None:
+                first(cursor)
             lanes = _Lanes(cursor, worker, ttl, skip, using, delayed)
             for pool in pools:
                 if len(claimed) < limit:

@@ -121,51 +121,75 @@ def _pairs(count: int) -> str:
 def write_outcomes(outcomes: list[Outcome], worker: str, grace: float, using: str) -> dict[int, str]:
     """Write outcomes in one transaction; each only if its claim is still running.
 
-    Returns what was written of each failure, by job id: "retry", "dead", "failed",
-    "bounced" (back later), "handed" (back now, for a worker that has its handler),
-    "banned" (back now, for another resource), "suspended" (a durable sleep or wait),
-    "cancelled", "unhandled", or "" when its claim had been taken from it. Resources the
-    attempts held are released in the same transaction.
+    Returns what was written of each failure, by job id (see `Ending.written`). Resources
+    the attempts held are released in the same transaction.
     """
-    wins: dict[str, list[Outcome]] = {}
-    followed = []  # succeeded jobs with an on_finish: written one by one, to know which ended
-    losses = []
-    for outcome in outcomes:
-        if outcome.ok and outcome.job.on_finish:
-            followed.append(outcome)
-        elif outcome.ok:
-            wins.setdefault(outcome.result, []).append(outcome)
-        else:
-            losses.append(outcome)
-    written: dict[int, str] = {}
+    ending = Ending(outcomes, worker, grace, using)
 
     def work(cursor: Any, resumed: bool) -> None:
-        written.clear()
-        st = sql.jobs(cursor.db)
-        ended: list[tuple[int, str, str]] = []
         with db.write_transaction(using):
-            for result, group in wins.items():
-                cursor.execute(st.succeed + _pairs(len(group)),
-                               [result, *(value for o in group for value in (o.job.id, o.job.claims))])
-            for outcome in followed:
-                job = outcome.job
-                cursor.execute(st.succeed + _pairs(1), (outcome.result, job.id, job.claims))
-                if cursor.rowcount == 1:
-                    ended.append((job.id, job.queue, job.on_finish))
-            for outcome in losses:
-                what = _write_failure(cursor, outcome, worker, grace)
-                written[outcome.job.id] = what
-                if what in ("dead", "failed", "unhandled", "cancelled"):
-                    ended.append((outcome.job.id, outcome.job.queue, outcome.job.on_finish))
-            follow_ups(cursor, ended)
-            limits.free_slots(cursor, [o.job.limits for o in outcomes if o.job.limit_key], using)
-            _release(cursor, [o for o in outcomes if o.job.lease is not None])
-            results.announce_ended(cursor, [o.job.id for o in outcomes if o.ok] + [i for i, _, _ in ended])
-            # A freed slot or resource may let another worker's waiting job run now.
-            announce(cursor, (o.job.queue for o in outcomes if (o.job.limit_key and o.job.concurrency) or o.job.lease))
+            ending.write(cursor)
 
     db.run(work, using)
-    return written
+    return ending.written
+
+
+class Ending:
+    """A batch of outcomes, grouped once, written by `write` in the caller's transaction:
+    `write_outcomes`' own, or a worker's next claim (`claim.claim`), which saves a
+    transaction per batch when the batch is `simple`."""
+
+    def __init__(self, outcomes: list[Outcome], worker: str, grace: float, using: str) -> None:
+        self.outcomes, self.worker, self.grace, self.using = outcomes, worker, grace, using
+        self.wins: dict[str, list[Outcome]] = {}
+        self.followed: list[Outcome] = []  # succeeded with an on_finish: written one by one, to know which ended
+        self.losses: list[Outcome] = []
+        for outcome in outcomes:
+            if outcome.ok and outcome.job.on_finish:
+                self.followed.append(outcome)
+            elif outcome.ok:
+                self.wins.setdefault(outcome.result, []).append(outcome)
+            else:
+                self.losses.append(outcome)
+        #: What was written of each failure, by job id: "retry", "dead", "failed", "bounced"
+        #: (back later), "handed" (back now, for a worker that has its handler), "banned"
+        #: (back now, for another resource), "suspended" (a durable sleep or wait),
+        #: "cancelled", "unhandled", or "" when its claim had been taken from it.
+        self.written: dict[int, str] = {}
+
+    @property
+    def simple(self) -> bool:
+        """Whether writing it locks only its own jobs' rows (no key, resource, follow-up or
+        step): it may then share the next claim's transaction without taking locks in
+        another order than a claim does."""
+        return not self.followed and all(
+            not o.job.limit_key and o.job.lease is None and o.suspend is None and o.banned is None
+            and not o.cancelled and not o.bounce for o in self.outcomes)
+
+    def write(self, cursor: Any) -> None:
+        self.written.clear()
+        st = sql.jobs(cursor.db)
+        ended: list[tuple[int, str, str]] = []
+        for result, group in self.wins.items():
+            cursor.execute(st.succeed + _pairs(len(group)),
+                           [result, *(value for o in group for value in (o.job.id, o.job.claims))])
+        for outcome in self.followed:
+            job = outcome.job
+            cursor.execute(st.succeed + _pairs(1), (outcome.result, job.id, job.claims))
+            if cursor.rowcount == 1:
+                ended.append((job.id, job.queue, job.on_finish))
+        for outcome in self.losses:
+            what = _write_failure(cursor, outcome, self.worker, self.grace)
+            self.written[outcome.job.id] = what
+            if what in ("dead", "failed", "unhandled", "cancelled"):
+                ended.append((outcome.job.id, outcome.job.queue, outcome.job.on_finish))
+        follow_ups(cursor, ended)
+        limits.free_slots(cursor, [o.job.limits for o in self.outcomes if o.job.limit_key], self.using)
+        _release(cursor, [o for o in self.outcomes if o.job.lease is not None])
+        results.announce_ended(cursor, [o.job.id for o in self.outcomes if o.ok] + [i for i, _, _ in ended])
+        # A freed slot or resource may let another worker's waiting job run now.
+        announce(cursor, (o.job.queue for o in self.outcomes
+                          if (o.job.limit_key and o.job.concurrency) or o.job.lease))
 
 
 def _release(cursor: Any, ended: list[Outcome]) -> None:

@@ -3,7 +3,7 @@
 One main thread talks to the database, through the stages of `leases.tasks.jobs`;
 `concurrency` threads run handlers (`threads`). The main thread claims only as many jobs
 as there are free threads (a control token per thread) and writes the outcomes of finished
-jobs in one transaction per turn. Between claims it does its duties on their timers: the
+jobs in the same transaction as its next claim: one commit per turn. Between claims it does its duties on their timers: the
 heartbeat (its row's lease and its jobs'), recovery of other workers' lapsed jobs, trims
 of finished runs, and, if it leads, the scheduler's passes.
 
@@ -247,13 +247,13 @@ class JobWorker:
         now = time.monotonic()
         for duty in duties:
             duty.run_if_due(now, self.stopping)
-        claimed = self._claim_free(threads)
-        timed_out = self._expire_timeouts(threads)
-        written = self._collect(wait=0)
-        self._flush(written)
-        if self._should_exit(claimed + timed_out + len(written)):
+        finished = self._collect(wait=0)
+        self._pending += finished
+        claimed = self._claim_free(threads)  # writes the outcomes pending in its transaction
+        timed_out = self._expire_timeouts(threads)  # and writes what is left
+        if self._should_exit(claimed + timed_out + len(finished)):
             return True
-        self._flush(self._collect(wait=self._wait_time(duties)))
+        self._pending += self._collect(wait=self._wait_time(duties))
         return False
 
     def _leave(self) -> None:
@@ -386,15 +386,40 @@ class JobWorker:
             return []
         known = frozenset(self.running) | {outcome.job.id for outcome in self._pending}
         unsure = self._claim_unsure
+        ending = self._ending() if not unsure else None
         self._claim_unsure = True
-        jobs, delayed = claims.claim(self.name, active, limit, self.ttl, self.using, unsure, known,
-                                     self.lacking.skipped(), self.pools)
+        try:
+            jobs, delayed = claims.claim(self.name, active, limit, self.ttl, self.using, unsure, known,
+                                         self.lacking.skipped(), self.pools, ending and ending.write)
+        except (Error, ValueError) as exc:
+            if ending is None or self._outage(exc):
+                raise
+            log.warning("worker %s: writing %d outcomes with a claim failed (%s); writing them apart",
+                        self.name, len(ending.outcomes), exc)
+            self._flush([])
+            jobs, delayed = claims.claim(self.name, active, limit, self.ttl, self.using, True, known,
+                                         self.lacking.skipped(), self.pools)
+        else:
+            if ending is not None:
+                self._pending = []
+                self._written(ending.outcomes, ending.written)
         self._claim_unsure = False
         if delayed is not None and delayed <= BURST_RETRY_WAIT:  # --burst waits for them
             self._retries_until = max(self._retries_until, time.monotonic() + delayed + 1.0)
         self.stats.claims += 1
         self.stats.claimed += len(jobs)
         return jobs
+
+    def _ending(self) -> outcomes.Ending | None:
+        """The pending outcomes, to write in the next claim's transaction; None when none
+        are pending or some take locks a claim does not (they are written apart first)."""
+        if not self._pending:
+            return None
+        ending = outcomes.Ending(self._pending, self.name, self.handler_grace, self.using)
+        if ending.simple:
+            return ending
+        self._flush([])
+        return None
 
     # -- outcomes -----------------------------------------------------------------------
 
@@ -489,7 +514,9 @@ class JobWorker:
     def finish(self, done: list[Outcome]) -> None:
         """Write outcomes in one transaction (each only if its claim is still running), then
         count and log them."""
-        written = outcomes.write_outcomes(done, self.name, self.handler_grace, self.using)
+        self._written(done, outcomes.write_outcomes(done, self.name, self.handler_grace, self.using))
+
+    def _written(self, done: list[Outcome], written: dict[int, str]) -> None:
         self.lacking.written(self.name, done, written)
         self._finished_keys.update(outcome.job.key for outcome in done)
         stay = report.outcomes_written(self.name, done, written, self.stats, self.handler_grace)
