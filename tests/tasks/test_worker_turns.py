@@ -104,3 +104,25 @@ def test_outcomes_wait_while_the_database_is_away_and_the_claim_is_not_lost(monk
     assert len(claimed) == 3 and len(worker._pending) == 1 and not worker._claim_unsure
     worker._flush([])
     assert Job.objects.get(pk=job.id).status == Job.SUCCEEDED
+
+
+def test_under_a_backlog_a_claim_waits_briefly_for_half_the_threads(monkeypatch):
+    """After a full claim, one finished job of eight does not set off a claim of one: the
+    claim waits up to GATHER for half the threads, then claims whatever is free."""
+    from leases.tasks.worker import loop
+
+    clock = [100.0]
+    monkeypatch.setattr(loop.time, "monotonic", lambda: clock[0])
+    worker = JobWorker(queues=["default"], concurrency=8)
+    worker.running = dict.fromkeys(range(7))
+    worker._claimed_full = True
+    assert worker._gathering()
+    assert 0 < worker._wait_time([]) <= loop.GATHER
+    clock[0] += loop.GATHER / 2
+    assert worker._gathering()
+    clock[0] += loop.GATHER
+    assert not worker._gathering()  # waited long enough: claim the one
+    worker.running = dict.fromkeys(range(4))
+    assert not worker._gathering()  # half free: at once
+    worker.running, worker._claimed_full = dict.fromkeys(range(7)), False
+    assert not worker._gathering()  # no backlog: a free thread is claimed for at once

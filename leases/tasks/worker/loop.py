@@ -55,6 +55,10 @@ LIMIT_LOG_EVERY = 30.0
 #: Shortest worker ttl: the heartbeat runs between claims and outcome writes, and one
 #: slow commit must not let a running job's lease lapse.
 MIN_TTL = 1.0
+#: Under a backlog (the last claim got all it asked for), seconds a claim may wait for
+#: half the threads to come free, so that a turn claims (and commits outcomes) by the
+#: batch rather than once per finished job.
+GATHER = 0.002
 #: Seconds between polls while a listen connection is up (PostgreSQL): pushes wake the
 #: loop at once, and the polls find jobs that came due later (a delay, a retry).
 LISTENING_POLL = 1.0
@@ -138,6 +142,8 @@ class JobWorker:
         #: at once instead of waiting for a poll or a notification (they are for an
         #: empty queue: a drain pushes nothing, so no notification would come).
         self._claimed_full = False
+        #: Since when threads are free and a claim waits for more (GATHER).
+        self._free_since: float | None = None
         self._next_limit_log = 0.0
         #: Takes part in leading the scheduler (leases_worker does unless --no-schedule).
         self.schedule = schedule
@@ -283,7 +289,7 @@ class JobWorker:
     def _wait_time(self, duties: list[Duty]) -> float:
         free = self.concurrency - len(self.running)
         if self._claimed_full and free > 0 and not self.stopping and not self._max_reached():
-            return 0.0
+            return 0.0 if self._free_since is None else max(0.0, self._free_since + GATHER - time.monotonic())
         wait = self.poll
         if self.wakeup is not None and self.wakeup.listening.is_set():
             wait = max(self.poll, LISTENING_POLL)
@@ -357,7 +363,7 @@ class JobWorker:
         free = self.concurrency - len(self.running)
         if self.max_jobs is not None:
             free = min(free, self.max_jobs - self.stats.claimed)
-        if free <= 0:
+        if free <= 0 or self._gathering():
             return 0
         jobs = self.claim(free)
         self._claimed_full = len(jobs) >= free
@@ -376,6 +382,19 @@ class JobWorker:
             job.deadline = now + timeout if timeout else None
             threads.submit(job)
         return len(jobs)
+
+    def _gathering(self) -> bool:
+        """Whether a claim waits for more threads to come free (see GATHER)."""
+        if not self._claimed_full or 2 * (self.concurrency - len(self.running)) >= self.concurrency:
+            self._free_since = None
+            return False
+        now = time.monotonic()
+        if self._free_since is None:
+            self._free_since = now
+        if now - self._free_since < GATHER:
+            return True
+        self._free_since = None
+        return False
 
     def claim(self, limit: int) -> list[ClaimedJob]:
         """Claim up to `limit` due jobs, highest priority first, then oldest run time; after
