@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 USES_MYSQL := $(findstring mysql,$(firstword $(subst :, ,$(DATABASE_URL))))
 USES_POSTGRES := $(findstring postgres,$(firstword $(subst :, ,$(DATABASE_URL))))
 
-.PHONY: venv demo test test-django61 venv61 docs bench bench-queue bench-pipelines bench-resources bench-durable bench-peers bench-peers-celery bench-capacity soak clean galera-up galera-down test-galera
+.PHONY: venv demo test test-django61 venv61 docs bench bench-queue bench-pipelines bench-resources bench-durable bench-peers bench-capacity soak clean galera-up galera-down test-galera
 
 $(VENV)/.installed: requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -88,13 +88,10 @@ bench-resources: $(VENV)/.bench $(if $(findstring sqlite,$(BENCH_ARGS)),,$(VENV)
 bench-durable: $(VENV)/.bench $(if $(findstring sqlite,$(BENCH_ARGS)),,$(VENV)/.mysql $(VENV)/.postgres)
 	$(PY) bench/durable.py $(BENCH_ARGS)
 
-# The job queue beside Procrastinate on PostgreSQL (Procrastinate in its own bench/.peers).
-bench-peers: $(VENV)/.bench $(VENV)/.postgres
+# The job queue and the pipelines beside Celery (Redis, RabbitMQ) and Procrastinate, on MariaDB and
+# PostgreSQL in one run; each peer in its own bench/.peers/<name>, made on first use by bench/peers.py.
+bench-peers: $(VENV)/.bench $(VENV)/.mysql $(VENV)/.postgres
 	$(PY) bench/peers.py $(BENCH_ARGS)
-
-# The drain on MariaDB beside Celery on Redis and RabbitMQ (Celery in bench/.peers/celery).
-bench-peers-celery: $(VENV)/.bench $(VENV)/.mysql
-	$(PY) bench/peers_celery.py $(BENCH_ARGS)
 
 # One server, the Galera cluster through HAProxy (if it is up) and two databases, side by side.
 bench-capacity: $(VENV)/.bench $(VENV)/.mysql
