@@ -3,7 +3,9 @@
     python bench/queue.py [--database mariadb|sqlite|URL] [--quick] [--drain-jobs 20000] [--repeat 2]
 
 * enqueue: ``push()`` one job at a time, and ``push_many()`` in batches of 1000, beside a
-  parameterised INSERT per job and a 1000-row INSERT on the driver's own cursor;
+  parameterised INSERT per job and a 1000-row INSERT on the driver's own cursor; then
+  one push and one bare INSERT by turns, each call timed, whose medians' ratio a burst of
+  load on a shared machine moves far less than the blocks' rates;
 * drain: N no-op jobs preloaded, then 1 or 2 forked processes each running
   ``JobWorker(concurrency=C, burst=True)`` until the queue is empty; jobs/s = N / wall time.
   Beside it the raw loop in the same processes, with no threads: one transaction that
@@ -86,7 +88,7 @@ def noop(payload: Any) -> None:
 # -- raw SQL, per vendor --------------------------------------------------------------
 
 COLUMNS = ("queue, name, backend, on_finish, limit_key, rate, payload, dedupe_key, pending_key, priority,"
-           " max_attempts, run_at, status, attempt, claims, pushes, worker, enqueued_at")
+           " max_attempts, run_at, status, attempt, claims, pushes, worker, enqueued_at, pool, target, affinity, turn")
 
 
 def raw_sql(vendor: str) -> dict[str, str]:
@@ -102,7 +104,7 @@ def raw_sql(vendor: str) -> dict[str, str]:
     return {
         "p": p,
         "begin": begin,
-        "row": f"({p}, {p}, '', '', '', '', {p}, {p}, {p}, 0, 1, {later}, 0, 0, 0, 1, '', {now})",
+        "row": f"({p}, {p}, '', '', '', '', {p}, {p}, {p}, 0, 1, {later}, 0, 0, 0, 1, '', {now}, '', '', '', 0)",
         "insert": f"INSERT INTO leases_tasks_job ({COLUMNS}) VALUES ",
         "pick": (f"SELECT id, payload, attempt FROM leases_tasks_job WHERE status = 0 AND queue = {p}"
                  f" AND run_at <= {now} ORDER BY priority DESC, run_at, id LIMIT {p}{skip}"),
@@ -217,6 +219,29 @@ def bench_enqueue(single: int, bulk: int) -> dict[str, float]:
         for mode in ("raw", "api"):
             result[f"{mode}_{kind}"] = [out[f"{mode}_{kind}_raw"], out[f"{mode}_{kind}_api"]]
     return result
+
+
+def bench_single_by_turns(count: int) -> dict[str, float]:
+    """Microseconds of the median push() and of the median bare INSERT, `count` of each
+    made by turns (the one first, then the other), each call timed on its own."""
+    sql = raw_sql(vendor())
+    conn = raw_connect()
+    cur = conn.cursor()
+    calls: dict[str, list[float]] = {"raw": [], "api": []}
+    first = 10_000_000  # payloads and keys of their own
+    try:
+        for i in range(first, first + count):
+            for mode in ("raw", "api") if i % 2 == 0 else ("api", "raw"):
+                start = time.perf_counter()
+                if mode == "raw":
+                    raw_insert(cur, sql, i, 1, per_row=True)
+                else:
+                    push(NAME, {"i": i})
+                calls[mode].append(time.perf_counter() - start)
+    finally:
+        conn.close()
+        purge()
+    return {mode: median(times) * 1e6 for mode, times in calls.items()}
 
 
 # -- drain ---------------------------------------------------------------------------
@@ -503,6 +528,9 @@ def main() -> None:
         enq = bench_enqueue(single, bulk)
         report["enqueue"] = enq
         print_enqueue(enq, single, bulk)
+        turns = report["single_by_turns_us"] = bench_single_by_turns(single)
+        print(f"one job per statement, by turns ({single} of each): median bare INSERT {turns['raw']:,.0f} us,"
+              f" push() {turns['api']:,.0f} us, api/raw {turns['raw'] / turns['api']:.2f}", flush=True)
         drain_rows = bench_drain(procs_list, concurrencies, drain_jobs, repeat)
         report["drain"] = drain_rows
         pickups = {}

@@ -8,7 +8,9 @@ enqueues it. A push is one upsert: a job whose key (default: a hash of name and 
 is already waiting is not queued twice; it only takes the new run time (a
 reschedule). The run time is the server clock plus the delay, computed in the statement.
 A push inside a transaction is seen by workers when it commits; on PostgreSQL the
-commit also wakes the workers listening for its queues (`announce`).
+commit also wakes the workers listening for its queues (`announce`). A single push
+costs one statement where an INSERT returns columns (`insert_one`): no transaction of
+its own, no read-back.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
+from functools import cache
 from typing import Any, Callable, Iterable, Protocol, Sequence
 
 from django.db import connections
@@ -101,6 +104,12 @@ class NewJob:
     target: str = ""
     affinity: str = ""
     turn: int = 0
+
+    @property
+    def due_now(self) -> bool:
+        """Pushed with no delay (or for a given moment): its queue's listeners are woken;
+        a delayed job is left to the workers' polls."""
+        return self.run_at is not None or not self.delay
 
     def params(self, connection: Any) -> list:
         head = [self.queue, self.name, self.backend, self.on_finish, self.payload, self.key, self.key, self.priority]
@@ -200,14 +209,13 @@ def write(cursor: Any, jobs: Sequence[NewJob]) -> None:
             rows.append(st.values_at if job.run_at is not None else st.values_after)
             params += job.params(cursor.db)
         cursor.execute(st.insert + ", ".join(rows) + st.merge_waiting, params)
-    announce(cursor, (job.queue for job in jobs if job.run_at is not None or not job.delay))
+    announce(cursor, (job.queue for job in jobs if job.due_now))
 
 
 def announce(cursor: Any, queue_names: Iterable[str]) -> None:
     """Wake the workers listening for these queues when the transaction commits: one
     notification per queue, however many jobs (PostgreSQL; elsewhere workers poll, and
-    `queue_names`, a generator at the callers, is never run through). Jobs pushed with a
-    delay are left to the workers' polls."""
+    `queue_names`, a generator at the callers, is never run through)."""
     statement = db.dialect(cursor.db).notify
     names = sorted(set(queue_names)) if statement else []
     if names:
@@ -235,28 +243,56 @@ def ids_by_key(cursor: Any, jobs: Sequence[NewJob]) -> dict[str, int]:
     return dict(cursor.fetchall())
 
 
-def insert(jobs: Sequence[NewJob], using: str | None = None, fetch_key: str | None = None) -> tuple | None:
-    """Write `jobs` with one upsert; with `fetch_key`, return that job's row in the same
-    transaction (so no worker can claim it in between and hide it).
+def insert(jobs: Sequence[NewJob], using: str | None = None) -> None:
+    """Write `jobs` with one upsert per batch (`write`), in a transaction of their own."""
+
+    def work(cursor: Any, resumed: bool) -> None:
+        with db.write_transaction(cursor.db.alias):
+            write(cursor, jobs)
+
+    db.run(work, using)
+
+
+def insert_one(job: NewJob, using: str) -> tuple:
+    """Write one job; its row as the database holds it after the push (a new one, or the
+    waiting one its key merged into).
+
+    Where an INSERT returns columns (PostgreSQL, MariaDB, SQLite 3.35+) that is one
+    statement, the upsert returning the row (and on PostgreSQL waking its queue): outside
+    a caller's transaction it commits by itself, one round trip. Elsewhere, and for a job
+    that takes its pool's turn (more statements), the upsert and a read of the row by key
+    share a transaction, so no worker can claim it in between and hide it.
 
     If the connection died under an earlier try, the push may have committed: a job
-    waiting under `fetch_key` is then taken as it is rather than pushed a second time.
+    waiting under its key is then taken as it is rather than pushed a second time.
     """
 
-    def work(cursor: Any, resumed: bool) -> tuple | None:
+    def work(cursor: Any, resumed: bool) -> tuple:
         st = sql.jobs(cursor.db)
+        if resumed:
+            cursor.execute(st.waiting_by_key, (job.key,))
+            if row := cursor.fetchone():
+                return row
+        if not job.pool and cursor.db.features.can_return_columns_from_insert:
+            return _upsert_returning(cursor, st, job)
         with db.write_transaction(cursor.db.alias):
-            if resumed and fetch_key is not None:
-                cursor.execute(st.waiting_by_key, (fetch_key,))
-                if row := cursor.fetchone():
-                    return row
-            write(cursor, jobs)
-            if fetch_key is None:
-                return None
-            cursor.execute(st.waiting_by_key, (fetch_key,))
+            write(cursor, [job])
+            cursor.execute(st.waiting_by_key, (job.key,))
             return cursor.fetchone()
 
     return db.run(work, using)
+
+
+def _upsert_returning(cursor: Any, st: Any, job: NewJob) -> tuple:
+    """The upsert of `job` that returns the row it leaves; on PostgreSQL a job due now
+    also wakes its queue's listeners, in the same statement (see `announce`)."""
+    params = job.params(cursor.db)
+    wake = bool(db.dialect(cursor.db).notify) and job.due_now
+    returning = st.returning_pushed_notify if wake else st.returning_pushed
+    values = st.values_at if job.run_at is not None else st.values_after
+    cursor.execute(st.insert + values + st.merge_waiting + returning, (params + [CHANNEL]) if wake else params)
+    (row,) = cursor.fetchall()  # read to its end: SQLite commits then
+    return row[:-1] if wake else row
 
 
 def reschedule(job: NewJob, using: str | None = None) -> bool:
@@ -274,19 +310,36 @@ def reschedule(job: NewJob, using: str | None = None) -> bool:
     return db.run(work, using)
 
 
+#: The columns of a pushed job's row (sql "waiting_by_key", "returning_pushed"), by attname.
+_PUSHED = ("id", "queue", "name", "backend", "payload", "key", "priority", "run_at", "status", "attempt",
+           "max_attempts", "enqueued_at", "pushes")
+
+
+@cache
+def _job_layout() -> tuple[list, dict[str, int]]:
+    """A Job's field defaults in field order, and each field's place by attname. A Job
+    made from all its fields in order skips the per-field work of keyword construction,
+    which cost a push as much as `new_job`. The defaults of the fields not read back are
+    text, numbers or None, so Jobs share them safely (tests/tasks/test_push_fast.py)."""
+    fields = Job._meta.concrete_fields
+    return [field.get_default() for field in fields], {field.attname: index for index, field in enumerate(fields)}
+
+
 def _as_job(pushed: NewJob, row: tuple, using: str) -> Job:
     """The Job as the database holds it after the push, which may be an older waiting job
-    of the same key: then `merged` is true, and a warning says if its work differs."""
-    pk, queue, name, backend, payload, key, priority, run_at, status, attempt, max_attempts, enqueued_at, pushes = row
-    obj = Job(
-        pk=pk, queue=queue, name=name, backend=backend, payload=load_json(payload), key=key, pending_key=key,
-        priority=priority, run_at=db.to_datetime(run_at), status=status, attempt=attempt, max_attempts=max_attempts,
-        enqueued_at=db.to_datetime(enqueued_at), pushes=pushes,
-    )
-    obj._state.adding = False
-    obj._state.db = using
-    obj.merged = pushes > 1
-    if obj.merged and (name, backend, obj.payload) != (pushed.name, pushed.backend, load_json(pushed.payload)):
+    of the same key: then `merged` is true, and a warning says if its work differs. Fields
+    not read back hold their defaults."""
+    stored = dict(zip(_PUSHED, row))
+    name, key, pk = stored["name"], stored["key"], stored["id"]
+    stored.update(payload=load_json(stored["payload"]), pending_key=key, run_at=db.to_datetime(stored["run_at"]),
+                  enqueued_at=db.to_datetime(stored["enqueued_at"]))
+    defaults, places = _job_layout()
+    values = defaults.copy()
+    for attname, value in stored.items():
+        values[places[attname]] = value
+    obj = Job.from_db(using, None, values)
+    obj.merged = stored["pushes"] > 1
+    if obj.merged and (name, obj.backend, obj.payload) != (pushed.name, pushed.backend, load_json(pushed.payload)):
         log.warning(
             "push of %s with key %r merged into waiting job %s #%d, which keeps its own name and payload",
             pushed.name, key, name, pk,
@@ -304,8 +357,7 @@ def submit(job: NewJob, using: str | None = None) -> Job | None:
         if not queues.make_room(queue, 1, using):
             _buffer.add(queue, [job], using, 1)
             return None
-    row = insert([job], using, fetch_key=job.key)
-    return _as_job(job, row, using)
+    return _as_job(job, insert_one(job, using), using)
 
 
 def _batches(jobs: Sequence[NewJob]) -> Iterable[Sequence[NewJob]]:

@@ -6,6 +6,12 @@ _CLAIMED_COLUMNS = (
     " limit_key, concurrency, rate, traceparent, pool, target, affinity, turn, resource_id, lease_token"
 )
 
+#: A pushed job as the database holds it (see jobs.push._as_job).
+_PUSHED_COLUMNS = (
+    "id, queue, name, backend, payload, dedupe_key, priority, run_at, status, attempt, max_attempts, enqueued_at,"
+    " pushes"
+)
+
 JOBS = {
     # -- push: one row per job, a VALUES group per job ("values_after" or "values_at") --
     "insert": (
@@ -45,10 +51,13 @@ JOBS = {
         " {upsert[pending_key]} run_at = {new[run_at]}, priority = {new[priority]}, pushes = {j}.pushes + 1"
     ),
     # params: pending key -> the job as the database holds it after the push
-    "waiting_by_key": (
-        "SELECT id, queue, name, backend, payload, dedupe_key, priority, run_at, status, attempt,"
-        " max_attempts, enqueued_at, pushes FROM {j} WHERE pending_key = %s"
-    ),
+    "waiting_by_key": f"SELECT {_PUSHED_COLUMNS} FROM {{j}} WHERE pending_key = %s",
+    # Ends a push's upsert where an INSERT returns columns (PostgreSQL, MariaDB, SQLite
+    # 3.35+): the row it leaves, new or merged, with no read-back.
+    "returning_pushed": f" RETURNING {_PUSHED_COLUMNS}",
+    # ... and on PostgreSQL (its dialect's `notify`) it also wakes the listeners of the
+    # row's queue when it commits, as `announce` does. params: the channel
+    "returning_pushed_notify": f" RETURNING {_PUSHED_COLUMNS}, pg_notify(%s, queue)",
     # The ids of jobs just written in this transaction. Completed with their keys.
     "ids_by_key": "SELECT pending_key, id FROM {j} WHERE pending_key IN (",
     # Move a waiting job (dedupe when its queue is full). params: delay (or run time),
