@@ -15,11 +15,12 @@ DATABASE is mariadb, postgres or a URL (by default the bench's own ``bench_peers
   (default poll; warnings only, as Celery's workers here), timed from their start until both exit, the queue empty; every job
   is checked succeeded;
 * pipeline: RUNS runs of bench/peer_leases_handlers.py's pipeline started before the
-  clock (each run's first stage waits in the queue), then the same 2 workers until both
+  clock (each run's first stage waits in the queue), then the same 2 workers (of 16
+  threads: see PIPELINE_CONCURRENCY) until both
   exit; every run is checked succeeded; tasks/s counts the pipeline's tasks, not the
   advance events between stages;
 * handover: bench/pipelines.py's stage hand-over on idle workers (2 forked
-  ``JobWorker`` x 64, default poll, LISTEN on PostgreSQL), RUNS runs 4 at a time;
+  ``JobWorker`` x 16, default poll, LISTEN on PostgreSQL), RUNS runs 4 at a time;
 * enqueue and pickup: ``push`` one at a time then ``push_many`` by 1000; one idle forked
   worker, jobs pushed 10 to 50 ms apart, latency from push to claim by the server's clock.
 
@@ -61,9 +62,12 @@ from leases.tasks.models import Job, JobError  # noqa: E402
 from leases.tasks.models import Worker as WorkerRow  # noqa: E402
 from leases.tasks.worker import JobWorker  # noqa: E402
 
-WORKERS, CONCURRENCY = 2, 64
+#: Threads a worker: 64 for the drain, whose no-op jobs touch no connection of their own
+#: (more threads, claims by the batch); 16 for pipelines, whose tasks each hold a connection
+#: in their thread: 2 x 64 of them would pass PostgreSQL's max_connections (100).
+WORKERS, CONCURRENCY, PIPELINE_CONCURRENCY = 2, 64, 16
 #: Warnings only (-v 0), as Celery runs here (--loglevel WARNING): no line per job on either side.
-WORKER_ARGV = ["leases_worker", "--queue", QUEUE, "--concurrency", str(CONCURRENCY), "--burst", "-v", "0",
+WORKER_ARGV = ["leases_worker", "--queue", QUEUE, "--burst", "-v", "0",
                "--import", "bench.peer_leases_handlers"]
 
 
@@ -97,12 +101,12 @@ def analyze() -> None:
             cursor.fetchall()
 
 
-def run_workers() -> float:
+def run_workers(concurrency: int) -> float:
     """Seconds from the start of the workers, as users start them, until both exit."""
     analyze()
     connections.close_all()
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
-    argv = [sys.executable, str(ROOT / "manage.py"), *WORKER_ARGV]
+    argv = [sys.executable, str(ROOT / "manage.py"), *WORKER_ARGV, "--concurrency", str(concurrency)]
     started = time.perf_counter()
     procs = [subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
              for _ in range(WORKERS)]
@@ -126,7 +130,7 @@ def drain(jobs: int) -> dict:
     for at in range(0, jobs, 1000):
         push_many((NAME, {"i": i}) for i in range(at, min(jobs, at + 1000)))
     sent = jobs / (time.perf_counter() - started)
-    seconds = run_workers()
+    seconds = run_workers(CONCURRENCY)
     done = Job.objects.filter(queue=QUEUE, status=Job.SUCCEEDED).count()
     if done != jobs:
         raise SystemExit(f"our drain left {jobs - done} of {jobs} jobs unfinished")
@@ -140,7 +144,7 @@ def pipeline(runs: int) -> dict:
     started = time.perf_counter()
     ids = [PIPELINE.start().pk for _ in range(runs)]
     sent = runs / (time.perf_counter() - started)
-    seconds = run_workers()
+    seconds = run_workers(PIPELINE_CONCURRENCY)
     failed = Run.objects.filter(pk__in=ids).exclude(status=Run.SUCCEEDED).count()
     tasks = TaskRun.objects.filter(run_id__in=ids, status=TaskRun.SUCCEEDED).count()
     if failed or tasks != runs * TASKS_PER_RUN:
@@ -161,7 +165,7 @@ def handover(runs: int) -> dict:
 
     os.environ["DATABASE_URL"] = url
     quiet()  # its set-up configured logging anew
-    samples = pipelines.bench_handover(runs, 4, WORKERS, CONCURRENCY)
+    samples = pipelines.bench_handover(runs, 4, WORKERS, PIPELINE_CONCURRENCY)
     pipelines.purge()
     return {"runs": runs, "samples": samples, "poll": pipelines.POLL}
 
