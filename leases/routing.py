@@ -46,6 +46,17 @@ def check_queue_on(queue: str, using: str, what: str) -> None:
                          f"written on {using!r} (in one transaction with the rest)")
 
 
+def database_of(queues: list[str], using: str | None = None) -> str:
+    """The one database `queues` live on: `using`, else their routes'; ValueError when
+    the routes send them to several."""
+    if using or queues == ["*"]:
+        return known(using) if using else db.alias()
+    found = {name: route("queues", name) for name in queues}
+    if len(set(found.values())) > 1:
+        spread = ", ".join(f"{name} on {alias}" for name, alias in sorted(found.items()))
+        raise ValueError(f"queues live on several databases ({spread}): one worker serves one database")
+    return next(iter(found.values()))
+
 def known(alias: str) -> str:
     """`alias` if DATABASES has it; ValueError naming the aliases there are otherwise."""
     try:
@@ -74,3 +85,4 @@ class LeasesRouter:
 
     def allow_migrate(self, alias: str, app_label: str, **hints: Any) -> bool | None:
         return alias in aliases() if app_label in APP_LABELS else None
+

@@ -126,3 +126,22 @@ def test_under_a_backlog_a_claim_waits_briefly_for_half_the_threads(monkeypatch)
     assert not worker._gathering()  # half free: at once
     worker.running, worker._claimed_full = dict.fromkeys(range(7)), False
     assert not worker._gathering()  # no backlog: a free thread is claimed for at once
+
+
+def test_outcomes_wait_for_the_claim_a_gathering_worker_makes(monkeypatch):
+    """While a claim gathers free threads, the outcomes already in wait for it rather than
+    take a transaction of their own."""
+    push_many(("noop", {"n": n}) for n in range(8))
+    worker = JobWorker(queues=["default"], concurrency=8, ttl=10)
+    worker.register()
+    claimed = worker.claim(8)
+    worker.running = {job.id: job for job in claimed[1:]}
+    worker._claimed_full = True
+    worker._done.put(Outcome(claimed[0], ok=True, result="null"))
+    written: list = []
+    monkeypatch.setattr(worker, "finish", written.append)
+    from leases.tasks.worker.threads import Threads
+
+    worker._turn(Threads(8, worker._done), [])
+    assert written == [] and [o.job.id for o in worker._pending] == [claimed[0].id]
+    assert worker._free_since is not None

@@ -5,7 +5,9 @@ It holds no SQL: every statement is a stage of `leases.tasks.jobs`.
 `Worker` is the name this class had before the queue's process rows (the model
 `leases.tasks.models.Worker`) needed theirs: old imports keep working.
 """
-from .loop import MIN_TTL, JobWorker, database_of
+from leases.routing import database_of
+
+from .loop import MIN_TTL, JobWorker
 from .report import Stats
 from .threads import execute, handler_for
 

@@ -3,8 +3,8 @@
 One main thread talks to the database, through the stages of `leases.tasks.jobs`;
 `concurrency` threads run handlers (`threads`). The main thread claims only as many jobs
 as there are free threads (a control token per thread) and writes the outcomes of finished
-jobs in the same transaction as its next claim: one commit per turn. Between claims it does its duties on their timers: the
-heartbeat (its row's lease and its jobs'), recovery of other workers' lapsed jobs, trims
+jobs in the same transaction as its next claim: one commit per turn. Between claims it
+does its duties on their timers: the heartbeat (its row's lease and its jobs'), recovery of other workers' lapsed jobs, trims
 of finished runs, and, if it leads, the scheduler's passes.
 
 An outcome the database refuses fails its job with that error instead of blocking the
@@ -20,7 +20,6 @@ import logging
 import os
 import queue as stdqueue
 import time
-from dataclasses import dataclass
 from typing import Callable, Iterable, TypeVar
 
 from django.core.exceptions import ImproperlyConfigured
@@ -38,6 +37,7 @@ from ..jobs.outcomes import Outcome, describe, failed
 from ..jobs.queues import SETTINGS_TTL, all_queues
 from ..schedules.leader import Scheduler
 from . import report
+from .duties import Duty
 from .report import BURST_RETRY_WAIT, Stats
 from .threads import Threads, handler_for
 from .wakeup import Wakeup
@@ -62,28 +62,6 @@ GATHER = 0.002
 #: Seconds between polls while a listen connection is up (PostgreSQL): pushes wake the
 #: loop at once, and the polls find jobs that came due later (a delay, a retry).
 LISTENING_POLL = 1.0
-
-
-@dataclass
-class Duty:
-    """Something the loop does every `every` seconds, due first at `due`."""
-
-    call: Callable[[], object]
-    every: float
-    due: float = 0.0
-    #: Whether it goes on while the worker stops (the heartbeat must; claiming more must not).
-    while_stopping: bool = True
-    #: Whether the call returns the seconds until it is due again (it keeps its own pace).
-    paced: bool = False
-
-    def run_if_due(self, now: float, stopping: bool) -> None:
-        if self.applies(stopping) and now >= self.due:
-            after = self.call()
-            # Not moved when the call raised: tried again next turn.
-            self.due = now + (after if self.paced else self.every)
-
-    def applies(self, stopping: bool) -> bool:
-        return self.while_stopping or not stopping
 
 
 class JobWorker:
@@ -116,7 +94,7 @@ class JobWorker:
         self.burst = burst
         self.max_jobs = max_jobs
         self.grace = grace
-        self.using = database_of(self.queues, using)
+        self.using = routing.database_of(self.queues, using)
         self.handler_grace = conf.handler_grace()
         self.stats = Stats()
         self.running: dict[int, ClaimedJob] = {}
@@ -256,7 +234,9 @@ class JobWorker:
         finished = self._collect(wait=0)
         self._pending += finished
         claimed = self._claim_free(threads)  # writes the outcomes pending in its transaction
-        timed_out = self._expire_timeouts(threads)  # and writes what is left
+        timed_out = self._expire_timeouts(threads)
+        if self._free_since is None or self.stopping:  # no claim comes within GATHER to carry them
+            self._flush([])
         if self._should_exit(claimed + timed_out + len(finished)):
             return True
         self._pending += self._collect(wait=self._wait_time(duties))
@@ -363,7 +343,7 @@ class JobWorker:
         free = self.concurrency - len(self.running)
         if self.max_jobs is not None:
             free = min(free, self.max_jobs - self.stats.claimed)
-        if free <= 0 or self._gathering():
+        if self._gathering() or free <= 0:
             return 0
         jobs = self.claim(free)
         self._claimed_full = len(jobs) >= free
@@ -475,7 +455,8 @@ class JobWorker:
             else:
                 exc = Cancelled(f"cancelled while it ran, and still running {self.grace:g}s later: abandoned")
                 self._pending.append(Outcome(job, ok=False, error=describe(exc), cancelled=True))
-        self._flush([])
+        if late:
+            self._flush([])
         return len(late)
 
     def _flush(self, finished: list[Outcome]) -> None:
@@ -613,14 +594,3 @@ class JobWorker:
         if keys:
             history.trim_runs(keys, using=self.using)
 
-
-def database_of(queues: list[str], using: str | None = None) -> str:
-    """The one database `queues` live on: `using`, else their routes'; ValueError when
-    the routes send them to several."""
-    if using or queues == ["*"]:
-        return routing.known(using) if using else db.alias()
-    found = {name: routing.route("queues", name) for name in queues}
-    if len(set(found.values())) > 1:
-        spread = ", ".join(f"{name} on {alias}" for name, alias in sorted(found.items()))
-        raise ValueError(f"queues live on several databases ({spread}): one worker serves one database")
-    return next(iter(found.values()))
