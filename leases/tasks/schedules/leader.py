@@ -1,6 +1,9 @@
 """The scheduler inside every `leases_worker`: one worker at a time leads, through this
 project's own lock, and fires due ticks (`fire.fire_some`).
 
+Between passes the leader sleeps until the soonest tick by the database clock, at most
+PASS_EVERY: a tick is fired as it falls due, not up to a pass later.
+
 The lead is a lease with the worker's ttl, renewed every ttl/3 from the worker's loop;
 when its holder dies or hangs, another worker takes it within that ttl. A leader that
 lost the lead without knowing (paused past its ttl) can still fire a pass, but the rows
@@ -16,14 +19,18 @@ from django.db import Error
 from leases.exceptions import LeaseLost, Locked
 from leases.locks import HeldLock, acquire_lock
 
-from .fire import fire_some
+from .fire import fire_some, until_due
 
 log = logging.getLogger("leases.tasks.scheduler")
 
 #: The lock whose holder leads.
 LOCK = "leases.scheduler"
-#: Seconds between two passes of the leader (and two tries to lead of the others).
+#: Most seconds between two passes of the leader (and two tries to lead of the others):
+#: a schedule made or changed meanwhile is seen within this.
 PASS_EVERY = 0.5
+#: Seconds before the next pass when a tick is due and a pass fired nothing: another
+#: pass holds its row, and trying again at once would spin.
+RETRY_AFTER = 0.05
 #: Seconds a pass may fire for before the worker's loop gets its turn (heartbeats, outcomes).
 STEP_BUDGET = 0.5
 
@@ -46,16 +53,26 @@ class Scheduler:
         try:
             if self._leading():
                 fired, more = fire_some(using=self.using, budget=STEP_BUDGET)
-                if more:
-                    self._next = now  # more is due: go on at the loop's next turn
                 if fired:
                     self.fired += fired
                     log.info("scheduler: fired %d job(s)%s", fired, ", more due" if more else "")
+                if more:
+                    self._next = now  # more is due: go on at the loop's next turn
+                else:
+                    self._next = min(self._next, self._soonest(fired > 0))
         except Error as exc:
             log.error("scheduler: database error, trying again in %gs: %s", PASS_EVERY, exc)
         except Exception:  # noqa: BLE001 - a schedule the code cannot handle must not stop the worker
             log.exception("scheduler: a pass failed")
         return max(0.0, self._next - time.monotonic())
+
+    def _soonest(self, fired: bool) -> float:
+        """When (by time.monotonic()) the soonest tick falls due, by the database clock. One
+        already due fell due during a pass that fired (go on), or another pass holds it."""
+        wait = until_due(self.using)
+        if wait is None:
+            return float("inf")
+        return time.monotonic() + (wait if wait > 0 else 0.0 if fired else RETRY_AFTER)
 
     def _leading(self) -> bool:
         """Whether this worker leads now: renew the lead when a third of it has gone, or
