@@ -6,16 +6,17 @@
   the clock starts (so each run's first stage waits in the queue), then drained by 2
   forked processes (--procs) each running ``JobWorker(concurrency=16, burst=True)`` until the
   queue is empty; tasks/s = 12 R / wall time. A task's outcome is recorded by the
-  statement that ends its job, and the last task of a stage queues the run's advance
-  event (``leases.pipelines.advance``), which starts the next stage; jobs/s counts the
-  events too. Beside it the plain queue in the same processes: 12 R no-op jobs
+  statement that ends its job, and the transaction that ends a stage's last task starts
+  the next stage, or queues the run's advance event (``leases.pipelines.advance``) when
+  another step holds the run; jobs/s counts those events too. Beside it the plain queue in the same processes: 12 R no-op jobs
   written with ``push_many()``, drained the same way. pipeline/plain says what the
   engine costs per task; the two alternate (ABBA) and the medians are compared;
 * hand-over: the first task of a stage started minus the last task of the stage before
   finished, both as the database wrote them (the job rows' times, copied to the tasks).
   Measured on idle workers (not burst) at the default poll, runs started a few at a
-  time and awaited, so it is the engine's hand-over and not a backlog; split into the
-  wait for the advance event, the event's own step, and the wait for the next task. The
+  time and awaited, so it is the engine's hand-over and not a backlog; where an event
+  made it, split into the wait for the advance event, the event's own step, and the
+  wait for the next task. The
   same figure from the throughput runs (where the next stage queues behind the
   others) is shown too;
 * for_each: one run of discover (returns ``list(range(N))``) -> a for_each stage of a
@@ -289,11 +290,16 @@ def handovers(pipelines: list[str]) -> list[dict[str, float]]:
         following = stages.get((run_id, position + 1))
         if following is None:
             continue
-        # The run's advance event that queued the next stage: the last to start before it did.
-        event = max((e for e in events.get(run_id, []) if e[0] <= following["first"]), key=lambda e: e[0])
-        out.append({"total": ms(following["first"] - stage["last"]),
-                    "event_wait": ms(event[0] - stage["last"]), "event_step": ms(event[1] - event[0]),
-                    "next_wait": ms(following["first"] - event[1])})
+        sample = {"total": ms(following["first"] - stage["last"])}
+        # The run's advance event that queued the next stage, if one did: the last to start
+        # before it did, after this stage's last task ended. Without one, the transaction
+        # that ended that task queued the next stage itself.
+        event = max((e for e in events.get(run_id, []) if stage["last"] <= e[0] <= following["first"]),
+                    key=lambda e: e[0], default=None)
+        if event is not None:
+            sample.update(event_wait=ms(event[0] - stage["last"]), event_step=ms(event[1] - event[0]),
+                          next_wait=ms(following["first"] - event[1]))
+        out.append(sample)
     return out
 
 
@@ -378,7 +384,7 @@ def spread(values: list[float]) -> str:
 
 def pcts(samples: list[dict[str, float]], part: str = "total") -> str:
     """One line of percentiles of a hand-over part, in ms."""
-    values = [s[part] for s in samples]
+    values = [s[part] for s in samples if part in s]
     if not values:
         return "no samples"
     return (f"p50 {percentile(values, 50):7.1f} | p95 {percentile(values, 95):7.1f} | "
@@ -467,10 +473,16 @@ def print_summary(report: dict[str, Any], args: argparse.Namespace) -> None:
     print(f"  idle workers, {args.latency_runs} runs {args.latency_batch} at a time,"
           f" {len(light)} hand-overs:")
     print(f"    {'total':<29} {pcts(light)}")
-    for part, text in (("event_wait", "last task end -> event start"),
-                       ("event_step", "event start -> event end"),
-                       ("next_wait", "event end -> next task start")):
-        print(f"    {text:<29} {pcts(light, part)}")
+    for samples in (light, load):
+        by_event = sum("event_step" in s for s in samples)
+        samples_of = "idle workers" if samples is light else "throughput runs"
+        print(f"    {samples_of}: {len(samples) - by_event} hand-over(s) made by the end of the stage's last task,"
+              f" {by_event} by an advance event (its run was held by another step)")
+    if any("event_step" in s for s in light):
+        for part, text in (("event_wait", "last task end -> event start"),
+                           ("event_step", "event start -> event end"),
+                           ("next_wait", "event end -> next task start")):
+            print(f"    {text:<29} {pcts(light, part)}")
     print(f"  throughput runs (next stage queued behind the others' tasks), {len(load)} hand-overs:")
     print(f"    {'total':<29} {pcts(load)}")
 
@@ -479,7 +491,7 @@ def print_summary(report: dict[str, Any], args: argparse.Namespace) -> None:
         print(f"\nfor_each over {fan['items']:,} items, max_parallel={fan['max_parallel']}"
               f" ({procs} idle workers x {threads}), seconds:")
         if fan["event_wait_s"] is None:
-            event = "its event's row was trimmed (LEASES_KEEP_RUNS)"
+            event = "no event (its end queued them), or its row was trimmed (LEASES_KEEP_RUNS)"
         else:
             event = (f"its event started {fan['event_wait_s']:.3f}; -> event finished (they are committed)"
                      f" {fan['fan_out_s']:.3f}")

@@ -5,8 +5,12 @@ jobs, so a task's end cannot be lost between the job and the pipeline.
 Outcomes are recorded without the run's lock: a task leaves "queued" once, by a
 conditional UPDATE, and its stage's counters move in the same transaction. Whoever brings
 a stage's `pending` to zero, records a failure, or frees a slot of a stage with tasks
-still waiting queues the run's advance event (one waits per run: a second push merges
-into it), so the run moves once its outcomes are all in.
+still waiting moves the run on: in the same transaction when the run's row and its
+stages' rows can be locked without waiting (the usual case: a hand-over costs no job and
+no transaction of its own), else by queueing the run's advance event (one waits per run:
+a second push merges into it), which waits for the locks in a transaction of its own.
+Never waiting there keeps a recorder, which holds its jobs' rows, out of any lock cycle
+with a step that holds the run and wants those jobs (a cancel).
 """
 from __future__ import annotations
 
@@ -14,17 +18,17 @@ import logging
 from datetime import datetime
 from typing import Any, Callable
 
-from django.db import connections
+from django.db import connections, transaction
 
-from leases import clock
+from leases import clock, db
 from leases.sql import in_list
 from leases.tasks import tracing
 from leases.tasks.jobs.outcomes import last_errors
 from leases.tasks.jobs.push import new_job, write
 from leases.tasks.models import PRIORITY_RANGE, Job
 
-from . import signals, sql
-from .machine import EVENT, after_commit
+from . import signals, sql, store
+from .machine import EVENT, advance, after_commit
 from .models import Run, StageRun, TaskRun
 
 log = logging.getLogger("leases.pipelines")
@@ -34,7 +38,13 @@ def tasks_ended(cursor: Any, ended: list[tuple[int, str]]) -> None:
     """The finisher of task jobs (`leases.tasks.registry.add_finisher`): record how each
     ended, in the transaction that ended it, and queue the advance event of each run that
     can move, on the queue of one of its tasks (which a worker serves), ahead of work."""
-    moving = record([job_id for job_id, _ in ended], cursor.db.alias, lambda: clock.now(cursor))
+    using = cursor.db.alias
+    now = _Now(cursor)
+    moving = record([job_id for job_id, _ in ended], using, now)
+    if not moving:
+        return
+    for run_id in _advance_here(cursor, sorted(moving), now):
+        del moving[run_id]
     if not moving:
         return
     queues = dict(ended)
@@ -44,6 +54,54 @@ def tasks_ended(cursor: Any, ended: list[tuple[int, str]]) -> None:
                 traceparent=contexts.get(run_id))
         for run_id, job_id in sorted(moving.items())
     ])
+
+
+class _Now:
+    """The database's clock, read once per transaction, when first needed."""
+
+    def __init__(self, cursor: Any) -> None:
+        self._cursor, self._value = cursor, None
+
+    def __call__(self) -> datetime:
+        if self._value is None:
+            self._value = clock.now(self._cursor)
+        return self._value
+
+
+def _advance_here(cursor: Any, run_ids: list[int], now: Callable[[], datetime]) -> list[int]:
+    """Move on, in this transaction, each of these runs whose row and stages' rows no one
+    holds (locked without waiting, in id order); returns the runs moved. A run that
+    another step holds is left to its advance event. A step that fails for another reason
+    than a transient one is undone alone (a savepoint), and its event retries it."""
+    connection = cursor.db
+    st, skip = sql.pipeline(connection), " ORDER BY id" + db.skip_locked(connection)
+    cursor.execute(st.free_runs + in_list(run_ids) + skip, run_ids)
+    runs = dict(cursor.fetchall())
+    if not runs:
+        return []
+    held = sorted(runs)
+    cursor.execute(st.free_stages + in_list(held) + skip, held)
+    stages: dict[int, int] = {}
+    for run_id, _ in cursor.fetchall():
+        stages[run_id] = stages.get(run_id, 0) + 1
+    using, moved = connection.alias, []
+    for run_id in held:
+        specs, _ = store.definition_of(run_id, runs[run_id], using)
+        if stages.get(run_id, 0) != len(specs):
+            continue  # a stage of it is being written: its event will wait for it
+        try:
+            with transaction.atomic(using=using):
+                run = store.locked(run_id, using)
+                if run is not None:
+                    advance(run, now(), using)
+        except Exception as exc:  # noqa: BLE001 - the event retries what failed here
+            if db.transient(exc):
+                raise
+            log.warning("pipeline run #%d: moving on at its task's end failed, its event retries: %s",
+                        run_id, db.one_line(exc))
+            continue
+        moved.append(run_id)
+    return moved
 
 
 def _contexts(cursor: Any, run_ids: list[int]) -> dict[int, str]:

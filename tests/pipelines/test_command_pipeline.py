@@ -215,7 +215,7 @@ def test_show_a_failed_run_names_the_error_of_the_run_its_stage_and_its_task():
 
 def test_show_lists_at_most_50_tasks_of_a_stage_failed_first_and_counts_the_rest():
     run = FANOUT.start(context={"items": 120})
-    drain(max_jobs=2)  # p.discover, then its event: 120 tasks queued at once
+    drain(max_jobs=1)  # p.discover, whose end queues the 120 tasks at once
     each = StageRun.objects.get(run=run, name="each")
     doomed = list(TaskRun.objects.filter(stage=each, item_index__in=[100, 110]).values_list("job_id", flat=True))
     assert jobqueue.discard(doomed) == 2  # their tasks are recorded as failed at once
@@ -260,10 +260,10 @@ def test_show_calls_a_task_whose_job_runs_running_and_times_it_by_its_job():
 
 def test_show_counts_left_out_tasks_whose_job_runs_as_running():
     run = WATCHERS.start(context={"items": 60})
-    drain(max_jobs=2)  # p.discover, then its event: 60 p.watch tasks queued at once
+    drain(max_jobs=1)  # p.discover, whose end queues 60 p.watch tasks at once
     each = StageRun.objects.get(run=run, name="each")
     doomed = list(TaskRun.objects.filter(stage=each, item_index__lt=50).values_list("job_id", flat=True))
-    assert jobqueue.discard(doomed) == 50  # their tasks fail when the worker runs their events
+    assert jobqueue.discard(doomed) == 50  # their tasks are recorded as failed at once
     worker = JobWorker(queues=["default"], concurrency=1, burst=True, poll=0.01)
     thread = threading.Thread(target=worker.run)
     thread.start()

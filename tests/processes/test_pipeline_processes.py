@@ -95,8 +95,9 @@ def test_100_runs_on_three_workers_killed_as_they_go_all_succeed_once(workers, t
     # None stuck: every job, task or event, ended, and each task's job is the one recorded.
     assert not Job.objects.exclude(status=Job.SUCCEEDED).exists()
     # Each task's end was recorded once, by the statement that ended its job: each stage's
-    # last one pushed its run's event once (a push merges into an event that still waits).
-    assert Job.objects.filter(name=machine.EVENT).aggregate(n=Sum("pushes"))["n"] == 300
+    # last one moved its run on in the same transaction, or, when another worker's step
+    # held the run, pushed its event once (a push merges into an event that still waits).
+    assert (Job.objects.filter(name=machine.EVENT).aggregate(n=Sum("pushes"))["n"] or 0) < 300
     # Order, from recorded times: no task started before the stage it needs had finished.
     needs = get("three-by-five").requires()
     finished = {(s.run_id, s.name): s.finished_at for s in StageRun.objects.all()}
