@@ -25,6 +25,7 @@ class PipelinesConfig(AppConfig):
 
         self.runs = runs
         registry.add_runner(machine.BACKEND, payload.task_runner)
+        registry.add_claim_reader(machine.BACKEND, payload.read_tasks)
         registry.add_finisher(machine.TASK_ENDED, outcomes.tasks_ended)
         registry.add_target(registry.Target(
             kind="pipeline", handler=START, check=lambda name: definition.get(name).name,

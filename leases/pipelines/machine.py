@@ -271,10 +271,12 @@ def end_run(run: Run, status: str, error: str, now: datetime, using: str,
         run.status, run.error, run.finished_at = status, error[:10000], now
         if run.key:
             run.live_key = None
-        skipped = TaskRun.CANCELLED if status == Run.CANCELLED else TaskRun.SKIPPED
-        cursor.execute(st.end_waiting, [skipped.value, stored, run.pk])
-        cursor.execute(st.queued_jobs, [run.pk])
-        queued = [job_id for (job_id,) in cursor.fetchall()]
+        queued = []
+        if status != Run.SUCCEEDED:  # a run succeeds once every stage ended: nothing waits or runs
+            skipped = TaskRun.CANCELLED if status == Run.CANCELLED else TaskRun.SKIPPED
+            cursor.execute(st.end_waiting, [skipped.value, stored, run.pk])
+            cursor.execute(st.queued_jobs, [run.pk])
+            queued = [job_id for (job_id,) in cursor.fetchall()]
     for start in range(0, len(queued), CHUNK):  # a cancelled run's running tasks are asked to stop too
         cancel_jobs(queued[start : start + CHUNK], using, running=status == Run.CANCELLED)
     if failed is not None:
@@ -299,12 +301,13 @@ def _fail_stage(run: Run, stage: StageRun, reason: str, now: datetime, using: st
 
 
 def _end_stages(run: Run, now: datetime, using: str) -> None:
-    """The run's stages that had not ended are cancelled; the run started when its first
-    task did."""
+    """The run's stages that had not ended are cancelled (a run that succeeded has none);
+    the run started when its first task did."""
     connection = connections[using]
     st, stored = sql.pipeline(connection), db.dialect(connection).stored_datetime
     with connection.cursor() as cursor:
-        cursor.execute(st.end_stages, [stored(now), run.pk])
+        if run.status != Run.SUCCEEDED:
+            cursor.execute(st.end_stages, [stored(now), run.pk])
         if run.started_at is None:
             cursor.execute(st.first_start, [run.pk])
             first = cursor.fetchone()[0]

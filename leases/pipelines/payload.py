@@ -59,14 +59,27 @@ def _payload(run_id: int, stage: str, context: Any, item: Any, definition: store
     return payload
 
 
-def task_payload(stored: dict[str, Any], using: str | None = None) -> dict[str, Any]:
-    """What a task's handler receives, from its job's stored payload; Fail when the task
-    is no longer wanted (its run ended, its stage was restarted)."""
+def read_tasks(cursor: Any, jobs: list[Any]) -> None:
+    """The claim reader of task jobs (`leases.tasks.registry.add_claim_reader`): what each
+    handler needs that changes, read for the batch in the claim's transaction and kept on
+    the job (`task_payload`'s `row`); a task gone keeps None and is read again at its start."""
+    ids = [job.payload["task"] for job in jobs]
+    cursor.execute(sql.pipeline(cursor.db).tasks + in_list(ids), ids)
+    rows = {row[0]: row[1:] for row in cursor.fetchall()}
+    for job in jobs:
+        job.read = rows.get(job.payload["task"])
+
+
+def task_payload(stored: dict[str, Any], using: str | None = None, row: tuple | None = None) -> dict[str, Any]:
+    """What a task's handler receives, from its job's stored payload (and `row`, when its
+    claim read it: `read_tasks`); Fail when the task is no longer wanted (its run ended,
+    its stage was restarted)."""
     using = db.alias(using)
-    connection = connections[using]
-    with connection.cursor() as cursor:
-        cursor.execute(sql.pipeline(connection).task, [stored["task"]])
-        row = cursor.fetchone()
+    if row is None:
+        connection = connections[using]
+        with connection.cursor() as cursor:
+            cursor.execute(sql.pipeline(connection).task, [stored["task"]])
+            row = cursor.fetchone()
     run_id = stored["run"]
     if row is not None and row[2] not in Run.LIVE:
         raise Fail(f"pipeline run #{run_id} has {row[2]}")
@@ -102,9 +115,10 @@ class PipelineTask:
         return self.spec.delay(attempt)
 
     def run(self, job: Any) -> Any:
+        payload = task_payload(job.payload, job.using or None, job.read)
         if self.spec.takes_context:  # its context, its lease included (a handler with `lease=`)
-            return self.spec.func(task_payload(job.payload), ctx=job.context)
-        return self.spec.func(task_payload(job.payload))
+            return self.spec.func(payload, ctx=job.context)
+        return self.spec.func(payload)
 
 
 def task_runner(job: Any) -> PipelineTask:

@@ -31,6 +31,11 @@ PIPELINE = {
         "SELECT t.status, t.item, r.status, r.context, r.queued_at FROM {t} t JOIN {r} r ON r.id = t.run_id"
         " WHERE t.id = %s"
     ),
+    # ... of the tasks a worker just claimed, with their ids first. params: task ids
+    "tasks": (
+        "SELECT t.id, t.status, t.item, r.status, r.context, r.queued_at FROM {t} t JOIN {r} r ON r.id = t.run_id"
+        " WHERE t.id IN ("
+    ),
     # A run's definition never changes, so a process reads it once. params: run id
     "definition": "SELECT definition FROM {r} WHERE id = %s",
     # The queued tasks of jobs that just ended, and how each job ended (NULL: deleted).

@@ -270,6 +270,7 @@ def task_limits(module_path: str) -> TaskLimits:
 # -- what apps add ----------------------------------------------------------------------
 
 _RUNNERS: dict[str, Callable[[Any], Any]] = {}
+_READERS: dict[str, Callable[[Any, list[Any]], None]] = {}
 _FINISHERS: dict[str, Callable[[Any, list[tuple[int, str]]], None]] = {}
 
 
@@ -281,6 +282,17 @@ def add_runner(backend: str, factory: Callable[[Any], Any]) -> None:
 
 def runner(backend: str) -> Callable[[Any], Any] | None:
     return _RUNNERS.get(backend)
+
+
+def add_claim_reader(backend: str, reader: Callable[[Any, list[Any]], None]) -> None:
+    """Have `reader(cursor, claimed jobs of backend)` read, in the claim's transaction and
+    with one statement for the batch, what the backend's runner would otherwise read per
+    job as it starts; it keeps that on each job's `read`. Database errors only."""
+    _READERS[backend] = reader
+
+
+def claim_reader(backend: str) -> Callable[[Any, list[Any]], None] | None:
+    return _READERS.get(backend)
 
 
 def add_finisher(on_finish: str, finisher: Callable[[Any, list[tuple[int, str]]], None]) -> None:

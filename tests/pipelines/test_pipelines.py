@@ -17,11 +17,12 @@ import tests.pipes as pipes
 from leases import db
 from leases.clock import db_now
 from leases.exceptions import UnknownHandler
-from leases.pipelines import Pipeline, Stage, machine, signals
+from leases.pipelines import Pipeline, Stage, machine, payload, signals
 from leases.pipelines.definition import from_snapshot, get, upstream
 from leases.pipelines.models import Run, StageRun, TaskRun
 from leases.pipelines.payload import task_payload
 from leases.tasks import queue as jobqueue
+from leases.tasks import registry
 from leases.tasks.models import Job
 from leases.tasks.worker import JobWorker
 
@@ -368,6 +369,30 @@ def test_a_stage_end_moves_its_run_on_in_the_same_transaction():
     rows = stages(run)
     assert (rows["a"].status, rows["b"].status, rows["b"].total) == (StageRun.SUCCEEDED, StageRun.RUNNING, 5)
     assert Job.objects.filter(name__startswith="p.b").count() == 5 and not Job.objects.filter(name=EVENT).exists()
+
+
+def test_a_claim_reads_its_tasks_for_their_handlers_with_one_statement(monkeypatch):
+    run = pipes.three.start()
+    batches, rows = [], []
+    real_read, real_payload = payload.read_tasks, payload.task_payload
+
+    def read(cursor, jobs):
+        batches.append(sorted(job.name for job in jobs))
+        real_read(cursor, jobs)
+
+    def built(stored, using=None, row=None):
+        rows.append(row)
+        return real_payload(stored, using, row)
+
+    monkeypatch.setattr(payload, "task_payload", built)
+    registry.add_claim_reader(machine.BACKEND, read)
+    try:
+        JobWorker(queues=["default"], concurrency=5, burst=True, max_jobs=5, poll=0.01).run()  # stage a's tasks
+    finally:
+        registry.add_claim_reader(machine.BACKEND, real_read)
+    assert batches == [["p.a1", "p.a2", "p.a3", "p.a4", "p.a5"]]
+    assert len(rows) == 5 and None not in rows  # no handler read its task again
+    assert stages(run)["a"].status == StageRun.SUCCEEDED
 
 
 @pytest.mark.skipif(connection.vendor == "sqlite", reason="SQLite has no row locks: a writer waits for the database")

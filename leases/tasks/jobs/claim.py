@@ -21,7 +21,7 @@ from leases import db
 from leases.encoding import load_json
 from leases.sql import in_list
 
-from .. import sql
+from .. import registry, sql
 from ..context import JobLease
 from . import leasing, limits
 
@@ -54,6 +54,8 @@ class ClaimedJob:
     traceparent: str | None = None
     #: What runs it (a handler, or an app's runner), found when it was claimed.
     handler: Any = None
+    #: What its backend's runner read for it in the claim's transaction (`read_ahead`).
+    read: Any = None
     #: Set by the worker when the attempt timed out: its outcome is already written.
     abandoned: bool = False
     deadline: float | None = None
@@ -128,9 +130,23 @@ def claim(worker: str, queues: list[str], limit: int, ttl: float, using: str, un
             rows = _due(cursor, queues, limit - len(claimed), skip) if len(claimed) < limit else []
             rows = lanes.within_limits(rows)
             claimed += [_claimed(row, worker, taken=False, using=using) for row in lanes.start(rows)]
+            read_ahead(cursor, claimed)
         return claimed
 
     return db.run(work, using), delayed[0]
+
+
+def read_ahead(cursor: Any, claimed: list[ClaimedJob]) -> None:
+    """Let each backend with a claim reader read what its jobs' runner needs, a statement
+    per backend for the batch rather than one per job as each starts."""
+    by_backend: dict[str, list[ClaimedJob]] = {}
+    for job in claimed:
+        if job.backend:
+            by_backend.setdefault(job.backend, []).append(job)
+    for backend, jobs in by_backend.items():
+        reader = registry.claim_reader(backend)
+        if reader is not None:
+            reader(cursor, jobs)
 
 
 class _Lanes:

@@ -142,11 +142,13 @@ class Ending:
     def __init__(self, outcomes: list[Outcome], worker: str, grace: float, using: str) -> None:
         self.outcomes, self.worker, self.grace, self.using = outcomes, worker, grace, using
         self.wins: dict[str, list[Outcome]] = {}
-        self.followed: list[Outcome] = []  # succeeded with an on_finish: written one by one, to know which ended
+        #: Succeeded with an on_finish, by result: the attempts still running are locked
+        #: first, so the follow-ups go to exactly the ones this write ends.
+        self.followed: dict[str, list[Outcome]] = {}
         self.losses: list[Outcome] = []
         for outcome in outcomes:
             if outcome.ok and outcome.job.on_finish:
-                self.followed.append(outcome)
+                self.followed.setdefault(outcome.result, []).append(outcome)
             elif outcome.ok:
                 self.wins.setdefault(outcome.result, []).append(outcome)
             else:
@@ -173,11 +175,15 @@ class Ending:
         for result, group in self.wins.items():
             cursor.execute(st.succeed + _pairs(len(group)),
                            [result, *(value for o in group for value in (o.job.id, o.job.claims))])
-        for outcome in self.followed:
-            job = outcome.job
-            cursor.execute(st.succeed + _pairs(1), (outcome.result, job.id, job.claims))
-            if cursor.rowcount == 1:
-                ended.append((job.id, job.queue, job.on_finish))
+        for result, group in self.followed.items():
+            cursor.execute(st.still_running + _pairs(len(group)) + db.for_update(cursor.db),
+                           [value for o in group for value in (o.job.id, o.job.claims)])
+            running = {job_id for (job_id,) in cursor.fetchall()}
+            group = [o for o in group if o.job.id in running]
+            if group:
+                cursor.execute(st.succeed + _pairs(len(group)),
+                               [result, *(value for o in group for value in (o.job.id, o.job.claims))])
+                ended.extend((o.job.id, o.job.queue, o.job.on_finish) for o in group)
         for outcome in self.losses:
             what = _write_failure(cursor, outcome, self.worker, self.grace)
             self.written[outcome.job.id] = what

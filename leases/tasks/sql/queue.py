@@ -104,6 +104,9 @@ JOBS = {
     # params: worker
     "running_for": f"SELECT {_CLAIMED_COLUMNS} FROM {{j}} WHERE status = {{job.running}} AND worker = %s",
     # -- outcomes: each names the claim it ends --
+    # Which of these attempts still run, locked: the ones a batch of successes with a
+    # follow-up ends. Completed with (id, claims) pairs and the dialect's FOR UPDATE.
+    "still_running": "SELECT id FROM {j} WHERE status = {job.running} AND (",
     # params: result, then (id, claims) pairs
     "succeed": (
         "UPDATE {j} SET status = {job.succeeded}, result = %s, finished_at = {now}, expires_at = NULL"
