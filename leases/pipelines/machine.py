@@ -66,14 +66,15 @@ def _usable(stage: StageRun, spec: Stage) -> bool:
     return stage.status == StageRun.SUCCEEDED or (stage.status == StageRun.FAILED and spec.on_failure == CONTINUE)
 
 
-def advance(run: Run, now: datetime, using: str) -> None:
+def advance(run: Run, now: datetime, using: str, stages: dict[str, StageRun] | None = None) -> None:
     """Do everything the run's state allows, under the run's lock: fail the run on a
     stage's failed task, finish stages whose tasks all finished, top up stages that queue
-    their tasks a few at a time, start stages whose requirements are met, end the run."""
+    their tasks a few at a time, start stages whose requirements are met, end the run.
+    `stages`: its stages by name in definition order, when the caller locked and read them."""
     if run.status != Run.RUNNING:
         return
     specs, requires = store.definition(run)
-    stages = store.stages(run, using)
+    stages = stages if stages is not None else store.stages(run, using)
     moved = True
     while moved and run.status == Run.RUNNING:
         moved = False

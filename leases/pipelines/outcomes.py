@@ -70,37 +70,35 @@ class _Now:
 
 def _advance_here(cursor: Any, run_ids: list[int], now: Callable[[], datetime]) -> list[int]:
     """Move on, in this transaction, each of these runs whose row and stages' rows no one
-    holds (locked without waiting, in id order); returns the runs moved. A run that
-    another step holds is left to its advance event. A step that fails for another reason
-    than a transient one is undone alone (a savepoint), and its event retries it."""
+    holds (locked without waiting, in id order, and read by the same statements); returns
+    the runs moved. A run that another step holds is left to its advance event. A step
+    that fails for another reason than a transient one is undone alone (a savepoint), and
+    its event retries it."""
     connection = cursor.db
-    st, skip = sql.pipeline(connection), " ORDER BY id" + db.skip_locked(connection)
-    cursor.execute(st.free_runs + in_list(run_ids) + skip, run_ids)
-    runs = dict(cursor.fetchall())
+    using, st, skip = connection.alias, sql.pipeline(connection), " ORDER BY id" + db.skip_locked(connection)
+    runs = store.load(Run, using, st.free_runs + in_list(run_ids) + skip, run_ids, leave_out=store.UNREAD)
     if not runs:
         return []
-    held = sorted(runs)
-    cursor.execute(st.free_stages + in_list(held) + skip, held)
-    stages: dict[int, int] = {}
-    for run_id, _ in cursor.fetchall():
-        stages[run_id] = stages.get(run_id, 0) + 1
-    using, moved = connection.alias, []
-    for run_id in held:
-        specs, _ = store.definition_of(run_id, runs[run_id], using)
-        if stages.get(run_id, 0) != len(specs):
+    held = [run.pk for run in runs]
+    stages: dict[int, list[StageRun]] = {}
+    for stage in store.load(StageRun, using, st.free_stages + in_list(held) + skip, held):
+        stages.setdefault(stage.run_id, []).append(stage)
+    moved = []
+    for run in runs:
+        specs, _ = store.definition(run)
+        if len(stages.get(run.pk, ())) != len(specs):
             continue  # a stage of it is being written: its event will wait for it
         try:
             with transaction.atomic(using=using):
-                run = store.locked(run_id, using)
-                if run is not None:
-                    advance(run, now(), using)
+                cursor.execute(st.lock_run, [run.pk])  # for Galera, which certifies writes only
+                advance(run, now(), using, {s.name: s for s in sorted(stages[run.pk], key=lambda s: s.position)})
         except Exception as exc:  # noqa: BLE001 - the event retries what failed here
             if db.transient(exc):
                 raise
             log.warning("pipeline run #%d: moving on at its task's end failed, its event retries: %s",
-                        run_id, db.one_line(exc))
+                        run.pk, db.one_line(exc))
             continue
-        moved.append(run_id)
+        moved.append(run.pk)
     return moved
 
 

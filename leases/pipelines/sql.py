@@ -69,12 +69,13 @@ PIPELINE = {
     # params: stage ids
     "stages": "SELECT id, run_id, status, pending, waiting FROM {s} WHERE id IN (",
     # -- a hand-over in the transaction that ended a stage's last task --
-    # Running runs among these, locked where no one holds them; completed with the run
-    # ids, the order and the dialect's SKIP LOCKED. params: run ids
-    "free_runs": "SELECT id, queued_at FROM {r} WHERE status = {run.running} AND id IN (",
-    # The stages of those runs that no one holds, locked, as (run id, stage id);
-    # completed likewise. params: run ids
-    "free_stages": "SELECT run_id, id FROM {s} WHERE run_id IN (",
+    # Running runs among these, locked where no one holds them; completed with the
+    # columns (see store.load), then the run ids, the order and the dialect's SKIP LOCKED.
+    # params: run ids
+    "free_runs": "FROM {r} WHERE status = {run.running} AND id IN (",
+    # The stages of those runs that no one holds, locked; completed likewise.
+    # params: run ids
+    "free_stages": "FROM {s} WHERE run_id IN (",
     # -- the advance event's steps, once per stage of every run --
     # The run's lock: a write (see store.locked). params: run id
     "lock_run": "UPDATE {r} SET revision = revision + 1 WHERE id = %s",

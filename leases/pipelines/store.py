@@ -52,6 +52,11 @@ def load(model: type[M], using: str, tail: str, params: list, leave_out: tuple[s
     return found
 
 
+#: A run's columns that its steps leave unread: the definition comes from the cache, the
+#: context is read when a task needs it.
+UNREAD = ("definition", "context")
+
+
 def locked(run_id: int, using: str) -> Run | None:
     """The run's row, locked by writing it (its revision): on Galera a row lock binds its
     own node only, and two nodes' events about one run are refused at COMMIT, all but one,
@@ -62,7 +67,7 @@ def locked(run_id: int, using: str) -> Run | None:
         cursor.execute(sql.pipeline(connection).lock_run, [run_id])
         if cursor.rowcount != 1:
             return None
-    found = load(Run, using, sql.pipeline(connection).run_by_id, [run_id], leave_out=("definition", "context"))
+    found = load(Run, using, sql.pipeline(connection).run_by_id, [run_id], leave_out=UNREAD)
     return found[0] if found else None
 
 
