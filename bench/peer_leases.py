@@ -17,8 +17,8 @@ DATABASE is mariadb, postgres or a URL (by default the bench's own ``bench_peers
 * pipeline: RUNS runs of bench/peer_leases_handlers.py's pipeline started before the
   clock (each run's first stage waits in the queue), then the same 2 workers (of 16
   threads: see PIPELINE_CONCURRENCY) until both
-  exit; every run is checked succeeded; tasks/s counts the pipeline's tasks, not the
-  advance events between stages;
+  exit; every run is checked succeeded; tasks/s counts the pipeline's tasks (and not
+  the advance events, when a run held by another step needs one between stages);
 * handover: bench/pipelines.py's stage hand-over on idle workers (2 forked
   ``JobWorker`` x 16, default poll, LISTEN on PostgreSQL), RUNS runs 4 at a time;
 * enqueue and pickup: ``push`` one at a time then ``push_many`` by 1000; one idle forked

@@ -204,13 +204,13 @@ def print_report(report: dict[str, Any], found: dict[str, Any]) -> None:
         kind = "canvas" if label.startswith("Celery") else "pipelines"
         print(f"  {label:<26} {kinds[kind]:<60} {rate[label]:>8,.0f}   {samples(results, 'tasks')}")
     print("\nstage hand-over on idle workers, last task of a stage finished -> next stage's first started"
-          " (database clock), ms; p50 of its parts: the wait for the advance event, its step, the next task's wait")
+          " (database clock), ms; how many the end of a stage's last task made, how many an advance event")
     for database, result in report["handover"].items():
         total = handover_ms(report, database)
-        parts = " / ".join(f"{percentile([s[part] for s in result['samples']], 50):.1f}"
-                           for part in ("event_wait", "event_step", "next_wait"))
-        print(f"  {database:<11} p50 {percentile(total, 50):6.1f}  p99 {percentile(total, 99):6.1f}  parts {parts}"
-              f"  ({len(total)} hand-overs; poll {result['poll'] * 1000:.0f} ms)")
+        by_event = sum("event_step" in s for s in result["samples"])
+        print(f"  {database:<11} p50 {percentile(total, 50):6.1f}  p99 {percentile(total, 99):6.1f}"
+              f"  ({len(total)} hand-overs, {len(total) - by_event} at the task's end, {by_event} by an event;"
+              f" poll {result['poll'] * 1000:.0f} ms)")
     enqueue = report["enqueue"]
     print(f"\nenqueue on PostgreSQL ({report['single']} one at a time, {report['bulk']:,} in calls of 1000),"
           " jobs/s, ours beside Procrastinate")
