@@ -26,7 +26,7 @@ from leases.encoding import load_json
 from leases.sql import update_each
 from leases.tasks import registry
 from leases.tasks.jobs.actions import cancel as cancel_jobs
-from leases.tasks.jobs.push import ids_by_key, new_job, write
+from leases.tasks.jobs.push import new_job, write
 
 from . import payload, signals, sql, store
 from .definition import CONTINUE, Stage
@@ -191,8 +191,7 @@ def _queue(run: Run, stage: StageRun, tasks: list[TaskRun], now: datetime, using
     ]
     connection = connections[using]
     with connection.cursor() as cursor:
-        write(cursor, new)
-        ids = ids_by_key(cursor, new)
+        ids = write(cursor, new, ids=True)
     update_each(
         connection, db.table(TaskRun, connection), {task.pk: {"job_id": ids[job.key]} for task, job in zip(tasks, new)},
         fixed={"status": TaskRun.QUEUED.value, "queued_at": now},

@@ -8,6 +8,7 @@ from datetime import timedelta
 
 import pytest
 from django.db import connection, connections, transaction
+from django.test.utils import CaptureQueriesContext
 
 import tests.jobs  # noqa: F401 - registers the handlers
 from leases import db
@@ -163,3 +164,19 @@ def test_the_one_statement_wakes_the_queue_of_a_due_job_only(sent):
         assert db.notifications(listener, 2.0) == ["other"]  # a moment given: woken, as before
     finally:
         listener.close()
+
+
+@pytest.mark.parametrize("returning", [True, False])
+def test_a_write_of_many_returns_the_ids_of_the_rows_it_leaves(monkeypatch, returning):
+    if not returning:
+        monkeypatch.setattr(connection.features, "can_return_columns_from_insert", False)
+    elif not connection.features.can_return_columns_from_insert:
+        pytest.skip("this database's INSERT returns no columns")
+    waiting = push("noop", {"n": 1}, key="k1")
+    jobs = [push_module.new_job("noop", {"n": n}, key=f"k{n}") for n in (1, 2, 3, 2)]  # k1 merges, k2 twice
+    with CaptureQueriesContext(connection) as sent, db.write_transaction(), connection.cursor() as cursor:
+        ids = push_module.write(cursor, jobs, ids=True)
+    assert ids == dict(Job.objects.filter(key__in=["k1", "k2", "k3"]).values_list("key", "id"))
+    assert ids["k1"] == waiting.pk and Job.objects.count() == 3
+    # Where an INSERT returns columns, the upserts return the ids: no read of the keys after.
+    assert any("pending_key IN" in query["sql"] for query in sent.captured_queries) is not returning

@@ -149,7 +149,7 @@ def test_every_lane_trims_the_history_of_the_schedules_it_fired(settings):
 @pytest.mark.parametrize("per_statement, chars, statements", [(7, 2 << 20, 3), (1000, 20, 11)])
 def test_ticks_beyond_one_statement_are_written_in_several(monkeypatch, per_statement, chars, statements):
     writes, real = [], fire.write
-    monkeypatch.setattr(fire, "write", lambda cursor, jobs: writes.append(len(jobs)) or real(cursor, jobs))
+    monkeypatch.setattr(fire, "write", lambda cursor, jobs, **kw: writes.append(len(jobs)) or real(cursor, jobs, **kw))
     monkeypatch.setattr(fire, "PER_STATEMENT", per_statement)
     monkeypatch.setattr(fire, "BATCH_CHARS", chars)  # payloads {"n":0}: 7 characters
     tick = burst(1, every=1.0, catch_up="all")

@@ -190,26 +190,38 @@ def new_job(
 # -- writing ----------------------------------------------------------------------------
 
 
-def write(cursor: Any, jobs: Sequence[NewJob]) -> None:
+def write(cursor: Any, jobs: Sequence[NewJob], ids: bool = False) -> dict[str, int]:
     """Write `jobs` with one upsert on the caller's cursor, in its transaction; a key met
     twice starts another upsert, since PostgreSQL refuses to merge into one row twice in
     one statement (MySQL and SQLite merge in order, which is what the split keeps). Rows
-    go as VALUES groups, or on PostgreSQL as one array per column (`insert_arrays`)."""
+    go as VALUES groups, or on PostgreSQL as one array per column (`insert_arrays`).
+
+    With `ids`, returns {key: id} of the rows written (a job whose key merged into a
+    waiting one: that one's id), from the upsert itself where an INSERT returns columns,
+    else by a read of their keys; without, {}."""
     st = sql.jobs(cursor.db)
     if any(job.pool for job in jobs):
         jobs = leasing.take_turns(cursor, jobs)
+    returning = ids and cursor.db.features.can_return_columns_from_insert
+    tail = st.merge_waiting + (st.returning_ids if returning else "")
+    found: dict[str, int] = {}
     for batch in _unique_keys(jobs):
         if db.dialect(cursor.db).arrays and len(batch) > 1:  # one row: VALUES costs less
             columns = [list(values) for values in zip(*(job.columns(cursor.db) for job in batch))]
-            cursor.execute(st.insert_arrays + st.merge_waiting, columns)
-            continue
-        params: list = []
-        rows = []
-        for job in batch:
-            rows.append(st.values_at if job.run_at is not None else st.values_after)
-            params += job.params(cursor.db)
-        cursor.execute(st.insert + ", ".join(rows) + st.merge_waiting, params)
+            cursor.execute(st.insert_arrays + tail, columns)
+        else:
+            params: list = []
+            rows = []
+            for job in batch:
+                rows.append(st.values_at if job.run_at is not None else st.values_after)
+                params += job.params(cursor.db)
+            cursor.execute(st.insert + ", ".join(rows) + tail, params)
+        if returning:
+            found.update(cursor.fetchall())
     announce(cursor, (job.queue for job in jobs if job.due_now))
+    if ids and not returning:
+        found = _ids_by_key(cursor, jobs)
+    return found
 
 
 def announce(cursor: Any, queue_names: Iterable[str]) -> None:
@@ -235,9 +247,8 @@ def _unique_keys(jobs: Sequence[NewJob]) -> list[list[NewJob]]:
     return batches
 
 
-def ids_by_key(cursor: Any, jobs: Sequence[NewJob]) -> dict[str, int]:
-    """{key: id} of jobs just written in the caller's transaction (a job whose key merged
-    into a waiting one: that one's id)."""
+def _ids_by_key(cursor: Any, jobs: Sequence[NewJob]) -> dict[str, int]:
+    """{key: id} of jobs just written in the caller's transaction."""
     keys = [job.key for job in jobs]
     cursor.execute(sql.jobs(cursor.db).ids_by_key + in_list(keys), keys)
     return dict(cursor.fetchall())

@@ -29,7 +29,7 @@ from leases.sql import in_list, update_each
 
 from .. import registry, sql
 from ..jobs.outcomes import last_errors
-from ..jobs.push import BATCH_CHARS, JobDefaults, NewJob, ids_by_key, new_job, write
+from ..jobs.push import BATCH_CHARS, JobDefaults, NewJob, new_job, write
 from ..models import Job, Schedule, ScheduleRun
 from .define import locked
 from .timing import Timing
@@ -154,9 +154,9 @@ def _move(cursor: Any, rows: list[Due], moves: dict[int, tuple[datetime | None, 
 
 
 def _record(cursor: Any, fired: Sequence[tuple[Schedule | Due, datetime | None, int]], jobs: Sequence[NewJob],
-            now: datetime) -> None:
-    """A run per fired tick, naming the job its key holds in this transaction (on
-    PostgreSQL found by the same statement)."""
+            now: datetime, ids: dict[str, int]) -> None:
+    """A run per fired tick, naming the job its key holds in this transaction (`ids`, by
+    key; on PostgreSQL found by the same statement)."""
     connection = cursor.db
     st, stored = sql.schedules(connection), db.dialect(connection).stored_datetime
     if db.dialect(connection).arrays:
@@ -166,7 +166,7 @@ def _record(cursor: Any, fired: Sequence[tuple[Schedule | Due, datetime | None, 
         )))
         return
     ticks = [None if tick is None else stored(tick) for _, tick, _ in fired]
-    ids, at = ids_by_key(cursor, jobs), stored(now)
+    at = stored(now)
     params: list = []
     for (row, _, number), tick, job in zip(fired, ticks, jobs):
         params += [row.pk, number, tick, at, ids.get(job.key)]
@@ -178,8 +178,8 @@ def _push(cursor: Any, fired: list[tuple[Schedule | Due, datetime | None, int]],
     transaction (the schedules' `fires` already count them)."""
     jobs = [_job(row, tick_key(row, tick, now)) for row, tick, _ in fired]
     for part in _parts(jobs):
-        write(cursor, jobs[part])
-        _record(cursor, fired[part], jobs[part], now)
+        ids = write(cursor, jobs[part], ids=not db.dialect(cursor.db).arrays)
+        _record(cursor, fired[part], jobs[part], now, ids)
     return len(fired)
 
 

@@ -60,6 +60,8 @@ JOBS = {
     "returning_pushed_notify": f" RETURNING {_PUSHED_COLUMNS}, pg_notify(%s, queue)",
     # The ids of jobs just written in this transaction. Completed with their keys.
     "ids_by_key": "SELECT pending_key, id FROM {j} WHERE pending_key IN (",
+    # ... or returned by the upsert itself, where an INSERT returns columns.
+    "returning_ids": " RETURNING pending_key, id",
     # Move a waiting job (dedupe when its queue is full). params: delay (or run time),
     # priority, pending key
     "move_waiting_after": "UPDATE {j} SET run_at = {later}, priority = %s, pushes = pushes + 1 WHERE pending_key = %s",
