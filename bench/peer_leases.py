@@ -15,7 +15,7 @@ DATABASE is mariadb, postgres or a URL (by default the bench's own ``bench_peers
   (default poll; warnings only, as Celery's workers here), timed from their start until both exit, the queue empty; every job
   is checked succeeded;
 * pipeline: RUNS runs of bench/peer_leases_handlers.py's pipeline started before the
-  clock (each run's first stage waits in the queue), then the same 2 workers (of 16
+  clock (each run's first stage waits in the queue), then the same 2 workers (of 64
   threads: see PIPELINE_CONCURRENCY) until both
   exit; every run is checked succeeded; tasks/s counts the pipeline's tasks (and not
   the advance events, when a run held by another step needs one between stages);
@@ -62,10 +62,10 @@ from leases.tasks.models import Job, JobError  # noqa: E402
 from leases.tasks.models import Worker as WorkerRow  # noqa: E402
 from leases.tasks.worker import JobWorker  # noqa: E402
 
-#: Threads a worker: 64 for the drain, whose no-op jobs touch no connection of their own
-#: (more threads, claims by the batch); 16 for pipelines, whose tasks each hold a connection
-#: in their thread: 2 x 64 of them would pass PostgreSQL's max_connections (100).
-WORKERS, CONCURRENCY, PIPELINE_CONCURRENCY = 2, 64, 16
+#: Threads a worker: 64, whose no-op jobs touch no connection of their own (more threads,
+#: claims by the batch). A pipeline task's claim reads what its handler needs, so its
+#: no-op tasks touch none either (2 x 64 of them used to pass PostgreSQL's max_connections).
+WORKERS, CONCURRENCY, PIPELINE_CONCURRENCY = 2, 64, 64
 #: Warnings only (-v 0), as Celery runs here (--loglevel WARNING): no line per job on either side.
 WORKER_ARGV = ["leases_worker", "--queue", QUEUE, "--burst", "-v", "0",
                "--import", "bench.peer_leases_handlers"]

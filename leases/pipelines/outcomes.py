@@ -21,7 +21,7 @@ from typing import Any, Callable
 from django.db import connections, transaction
 
 from leases import clock, db
-from leases.sql import in_list
+from leases.sql import in_list, update_each
 from leases.tasks import tracing
 from leases.tasks.jobs.outcomes import last_errors
 from leases.tasks.jobs.push import new_job, write
@@ -161,17 +161,25 @@ class _Endings:
 
 
 def _count(cursor: Any, endings: _Endings) -> dict[int, int]:
-    """Move the stages' counters; {run id: a job id} of the runs that can move."""
-    st = sql.pipeline(cursor.db)
-    for stage_id in sorted(endings.counts):  # one order everywhere, so two recorders cannot deadlock
-        done, bad = endings.counts[stage_id]
-        cursor.execute(st.count, [done, done, bad, stage_id])
+    """Move the stages' counters; {run id: a job id} of the runs that can move. The stages
+    are locked in id order first (one order everywhere, so two recorders cannot deadlock),
+    then written by one UPDATE: a stage that no longer runs (its run ended, or it failed)
+    counts its tasks done and moves nothing else."""
+    connection = cursor.db
     stage_ids = sorted(endings.counts)
-    cursor.execute(st.stages + in_list(stage_ids), stage_ids)
+    cursor.execute(sql.pipeline(connection).counted + in_list(stage_ids) + " ORDER BY id" + db.for_update(connection),
+                   stage_ids)
+    counters: dict[int, dict[str, int]] = {}
     moving: dict[int, int] = {}
-    for stage_id, run_id, status, pending, waiting in cursor.fetchall():
-        if status == StageRun.RUNNING and (pending == 0 or waiting or endings.counts[stage_id][1]):
+    for stage_id, run_id, status, pending, waiting, done, failed in cursor.fetchall():
+        recorded, bad = endings.counts[stage_id]
+        running = status == StageRun.RUNNING
+        if running:
+            pending, failed = pending - recorded, failed + bad
+        counters[stage_id] = {"done": done + recorded, "pending": pending, "failed_tasks": failed}
+        if running and (pending == 0 or waiting or bad):
             moving[run_id] = endings.runs[stage_id][1]
+    update_each(connection, db.table(StageRun, connection), counters)
     return moving
 
 

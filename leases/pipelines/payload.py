@@ -62,12 +62,18 @@ def _payload(run_id: int, stage: str, context: Any, item: Any, definition: store
 def read_tasks(cursor: Any, jobs: list[Any]) -> None:
     """The claim reader of task jobs (`leases.tasks.registry.add_claim_reader`): what each
     handler needs that changes, read for the batch in the claim's transaction and kept on
-    the job (`task_payload`'s `row`); a task gone keeps None and is read again at its start."""
+    the job (`task_payload`'s `row`), and the definitions of runs this process has not
+    parsed yet; a task gone keeps None and is read again at its start. So a task whose
+    handler reads no results uses no connection in its thread."""
     ids = [job.payload["task"] for job in jobs]
     cursor.execute(sql.pipeline(cursor.db).tasks + in_list(ids), ids)
     rows = {row[0]: row[1:] for row in cursor.fetchall()}
+    runs = {}
     for job in jobs:
         job.read = rows.get(job.payload["task"])
+        if job.read is not None:
+            runs[job.payload["run"]] = job.read[-1]  # its queued_at names the run's definition
+    store.read_definitions(cursor, runs)
 
 
 def task_payload(stored: dict[str, Any], using: str | None = None, row: tuple | None = None) -> dict[str, Any]:

@@ -38,6 +38,8 @@ PIPELINE = {
     ),
     # A run's definition never changes, so a process reads it once. params: run id
     "definition": "SELECT definition FROM {r} WHERE id = %s",
+    # ... the definitions of several runs at once. params: run ids
+    "definitions": "SELECT id, definition FROM {r} WHERE id IN (",
     # The queued tasks of jobs that just ended, and how each job ended (NULL: deleted).
     # params: job ids
     "ended": (
@@ -57,17 +59,10 @@ PIPELINE = {
         " started_at = NULL, " + _copied(("attempts", "attempt"), ("finished_at", "finished_at"))
         + " WHERE status = {task.queued} AND id IN ("
     ),
-    # A stage's counters after some of its tasks were recorded; a stage that no longer
-    # runs (its run ended, or it failed) counts them done and moves nothing else.
-    # params: done, done, failed, stage id
-    "count": (
-        "UPDATE {s} SET done = done + %s,"
-        " pending = CASE WHEN status = {stage.running} THEN pending - %s ELSE pending END,"
-        " failed_tasks = CASE WHEN status = {stage.running} THEN failed_tasks + %s ELSE failed_tasks END"
-        " WHERE id = %s"
-    ),
-    # params: stage ids
-    "stages": "SELECT id, run_id, status, pending, waiting FROM {s} WHERE id IN (",
+    # The stages whose tasks were just recorded, locked in id order before their counters
+    # move (one UPDATE for all, `update_each`); completed with the stage ids, the order and
+    # the dialect's FOR UPDATE. params: stage ids
+    "counted": "SELECT id, run_id, status, pending, waiting, done, failed_tasks FROM {s} WHERE id IN (",
     # -- a hand-over in the transaction that ended a stage's last task --
     # Running runs among these, locked where no one holds them; completed with the
     # columns (see store.load), then the run ids, the order and the dialect's SKIP LOCKED.

@@ -16,6 +16,7 @@ from django.db import connections, models
 
 from leases import db
 from leases.encoding import load_json
+from leases.sql import in_list
 
 from . import sql
 from .definition import Stage, from_snapshot
@@ -91,6 +92,19 @@ def definition_of(run_id: int, queued_at: Any, using: str, raw: Any = None) -> D
         while len(_DEFINITIONS) > DEFINITIONS_KEPT:
             _DEFINITIONS.popitem(last=False)
     return parsed
+
+
+def read_definitions(cursor: Any, runs: dict[int, Any]) -> None:
+    """Parse and keep the definitions of these runs ({id: queued_at}) that this process
+    has not parsed yet, with one read for all of them."""
+    using = cursor.db.alias
+    with _definitions_lock:
+        missing = [run_id for run_id, queued_at in runs.items()
+                   if (using, run_id, db.to_datetime(queued_at)) not in _DEFINITIONS]
+    if missing:
+        cursor.execute(sql.pipeline(cursor.db).definitions + in_list(missing), missing)
+        for run_id, raw in cursor.fetchall():
+            definition_of(run_id, runs[run_id], using, raw)
 
 
 def definition(run: Run) -> Definition:

@@ -395,6 +395,21 @@ def test_a_claim_reads_its_tasks_for_their_handlers_with_one_statement(monkeypat
     assert stages(run)["a"].status == StageRun.SUCCEEDED
 
 
+def test_a_task_that_reads_no_results_uses_no_connection_in_its_thread(monkeypatch):
+    from django.db.backends.base.base import BaseDatabaseWrapper
+
+    from leases.pipelines import store
+
+    run = pipes.three.start()
+    store._DEFINITIONS.clear()  # a worker process that never saw the run: its definition is read by the claim
+    opened, connect = [], BaseDatabaseWrapper.connect
+    monkeypatch.setattr(BaseDatabaseWrapper, "connect",
+                        lambda self: opened.append(threading.current_thread().name) or connect(self))
+    JobWorker(queues=["default"], concurrency=5, burst=True, max_jobs=5, poll=0.01).run()  # stage a's tasks
+    assert stages(run)["a"].status == StageRun.SUCCEEDED
+    assert "leases-job" not in opened
+
+
 @pytest.mark.skipif(connection.vendor == "sqlite", reason="SQLite has no row locks: a writer waits for the database")
 @pytest.mark.parametrize("held", ["run", "stage"])
 def test_a_stage_end_that_finds_its_run_held_leaves_it_to_the_event_without_waiting(held):
