@@ -36,8 +36,9 @@ log = logging.getLogger("leases.pipelines")
 
 def tasks_ended(cursor: Any, ended: list[tuple[int, str]]) -> None:
     """The finisher of task jobs (`leases.tasks.registry.add_finisher`): record how each
-    ended, in the transaction that ended it, and queue the advance event of each run that
-    can move, on the queue of one of its tasks (which a worker serves), ahead of work."""
+    ended, in the transaction that ended it, and move on each run that can: there, or by
+    its advance event, queued on the queue of one of its tasks (which a worker serves),
+    ahead of work."""
     using = cursor.db.alias
     now = _Now(cursor)
     moving = record([job_id for job_id, _ in ended], using, now)
