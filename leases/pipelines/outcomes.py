@@ -93,7 +93,7 @@ def _advance_here(cursor: Any, run_ids: list[int], now: Callable[[], datetime]) 
             with transaction.atomic(using=using):
                 cursor.execute(st.lock_run, [run.pk])  # for Galera, which certifies writes only
                 advance(run, now(), using, {s.name: s for s in sorted(stages[run.pk], key=lambda s: s.position)})
-        except Exception as exc:  # noqa: BLE001 - the event retries what failed here
+        except Exception as exc:  # the event retries what failed here, a transient error aside
             if db.transient(exc):
                 raise
             log.warning("pipeline run #%d: moving on at its task's end failed, its event retries: %s",

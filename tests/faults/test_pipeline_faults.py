@@ -13,9 +13,9 @@ from collections import Counter
 import pytest
 from django.db import connection
 
-import tests.pipes as pipes
 from leases.pipelines.models import Run, StageRun, TaskRun
 from leases.tasks.models import Job
+from tests import pipes
 from tests.conftest import wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.usefixtures("fresh_queue_settings")]
