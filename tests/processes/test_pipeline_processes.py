@@ -55,7 +55,10 @@ def test_a_for_each_of_500_items_never_runs_more_than_max_parallel_and_joins_onc
     assert 10 <= most <= 20, most  # bounded, and actually parallel
     ran = Counter(line[1] for line in log_lines(log))
     assert ran["fetch"] == 500 and ran["index"] == 1  # the join ran once
-    assert {line[3] for line in log_lines(log) if line[1] == "fetch"} == {str(p.pid) for p in procs}
+    # Run across processes. Not necessarily all three: the worker whose task frees a slot
+    # queues the next item in the same transaction and may claim it next, so two workers of
+    # 10 threads can keep the 20 slots between them while the third starts.
+    assert len({line[3] for line in log_lines(log) if line[1] == "fetch"}) >= 2
     index = TaskRun.objects.get(run=run, task="p.index")
     assert index.result["fetched"] == [n * 10 for n in range(500)]
     assert Job.objects.filter(name="p.fetch").count() == 500
