@@ -34,6 +34,7 @@ from typing import Any
 from django.apps import apps
 from django.conf import settings
 from django.core.checks import Error
+from django.core.checks.registry import registry
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 from django.utils.module_loading import import_string
@@ -293,22 +294,55 @@ def _installed() -> list[Error]:
 
 def _tasks_errors() -> list[Error]:
     """TASKS entries naming this backend, or a misspelling of it."""
-    errors = []
-    for alias, params in (getattr(settings, "TASKS", None) or {}).items():
-        backend = params.get("BACKEND") if isinstance(params, dict) else None
-        if backend == TASKS_BACKEND:
-            if not apps.is_installed("leases.tasks"):
-                errors.append(Error(f"TASKS[{alias!r}] uses {TASKS_BACKEND} but leases.tasks is not installed.",
-                                    hint="Add 'leases' and 'leases.tasks' to INSTALLED_APPS.", id="leases.E012"))
-                continue
-            try:
-                _tasks_database(alias, tasks_options(alias, params))
-            except ValueError as exc:
-                errors.append(Error(str(exc), id="leases.E012"))
-        elif isinstance(backend, str) and _looks_like_ours(backend):
-            errors.append(Error(f"TASKS[{alias!r}]['BACKEND'] = {backend!r} cannot be imported.",
-                                hint=f"django-leases' backend is {TASKS_BACKEND!r}.", id="leases.E013"))
-    return errors
+    found = (_tasks_error(alias, params) for alias, params in (getattr(settings, "TASKS", None) or {}).items())
+    return [error for error in found if error is not None]
+
+
+def _tasks_error(alias: str, params: Any) -> Error | None:
+    backend = params.get("BACKEND") if isinstance(params, dict) else None
+    if backend == TASKS_BACKEND:
+        if not apps.is_installed("leases.tasks"):
+            return Error(f"TASKS[{alias!r}] uses {TASKS_BACKEND} but leases.tasks is not installed.",
+                         hint="Add 'leases' and 'leases.tasks' to INSTALLED_APPS.", id="leases.E012")
+        try:
+            _tasks_database(alias, tasks_options(alias, params))
+        except ValueError as exc:
+            return Error(str(exc), id="leases.E012")
+    elif isinstance(backend, str) and _looks_like_ours(backend):
+        return Error(f"TASKS[{alias!r}]['BACKEND'] = {backend!r} cannot be imported.",
+                     hint=f"django-leases' backend is {TASKS_BACKEND!r}.", id="leases.E013")
+    return None
+
+
+def _reported(alias: str, params: Any) -> bool:
+    """Whether check_settings reports TASKS[alias]: E012, E013, or E014 (this backend's
+    module needs the `leases` app)."""
+    ours = isinstance(params, dict) and params.get("BACKEND") == TASKS_BACKEND
+    return _tasks_error(alias, params) is not None or (ours and not apps.is_installed("leases"))
+
+
+def replace_tasks_framework_check() -> None:
+    """The Tasks framework's own system check builds every TASKS backend, and building an
+    entry that E012 or E013 reports raises (Django 6's InvalidTaskBackend, the backport's
+    InvalidTaskBackendError): a traceback from `manage.py check` and every command instead
+    of the one line. Swap it for the same check of the other entries only."""
+    try:  # Django 6.x
+        from django.tasks import checks as framework
+        from django.tasks import task_backends
+    except ImportError:
+        try:  # Django 5.2 with the backport, whether or not it is in INSTALLED_APPS
+            from django_tasks import checks as framework
+            from django_tasks import task_backends
+        except ImportError:
+            return  # no Tasks framework: E012 and E013 are all there is
+
+    def check_task_backends(app_configs: Any = None, **kwargs: Any) -> list:
+        entries = task_backends.settings
+        return [message for alias in entries if not _reported(alias, entries[alias])
+                for message in task_backends[alias].check()]
+
+    registry.registered_checks.discard(framework.check_tasks)
+    registry.register(check_task_backends)
 
 
 def _tasks_database(alias: str, options: TasksOptions) -> str:

@@ -13,6 +13,7 @@ class TasksConfig(AppConfig):
         from leases import conf
 
         register(conf.check_settings)  # also when `leases` is missing: leases.E014 says so
+        conf.replace_tasks_framework_check()
         if not self.apps.is_installed("leases"):
             return  # what follows runs on the base app's models
         from . import registry

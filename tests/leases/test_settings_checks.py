@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import subprocess
 import textwrap
+from importlib.util import find_spec
 
 import pytest
 from django.core.checks import run_checks
 
 from leases import conf
+
+# Django 6.1's model checks ask every configured database what it supports (JSONField).
+pytestmark = pytest.mark.django_db(databases=["default", "second"])
 
 
 def ids() -> set[str]:
@@ -70,6 +74,13 @@ def check(tmp_path, child_env, manage, body: str) -> subprocess.CompletedProcess
 
 @pytest.mark.parametrize("body, code", [
     ('TASKS = {"default": {"BACKEND": "leases.tasks.backends.DatabaseBackend"}}\n', "leases.E013"),
+    ('TASKS = {"default": {"BACKEND": "leases.tasks.backend.DatabaseBackend", "OPTIONS": {"retries": 3}}}\n',
+     "leases.E012"),
+    # The backport's app adds the Tasks framework's own check, which builds every backend.
+    pytest.param('INSTALLED_APPS = [*INSTALLED_APPS, "django_tasks"]\n'
+                 'TASKS = {"default": {"BACKEND": "leases.tasks.backend.DatabaseBackend", "OPTIONS": {"backoff": "x"}},'
+                 ' "typo": {"BACKEND": "leases.task.backend.DatabaseBackend"}}\n', "leases.E013",
+                 marks=pytest.mark.skipif(not find_spec("django_tasks"), reason="Django 6: no backport")),
     ('LEASES_MAX_JSON_BYTES = "big"\n', "leases.E007"),
     ('INSTALLED_APPS = [app for app in INSTALLED_APPS if app != "leases.tasks"]\n', "leases.E015"),
     # With the demo's URLconf, which imports the base app's admin and URLs.
