@@ -1,4 +1,6 @@
-"""`python -m project.createdb`: create the database DATABASE_URL names, if it is missing.
+"""`python -m project.createdb`: create the databases the settings configure, if missing:
+DATABASE_URL's, and the second one when the settings configure it (DATABASE_URL_SECOND,
+or LEASES_ROUTES naming it).
 
 `make demo` and the benches run it first, so a MySQL/MariaDB or PostgreSQL URL naming a
 database that does not exist yet works instead of failing with "Unknown database". SQLite
@@ -60,4 +62,7 @@ if __name__ == "__main__":
     import django
 
     django.setup()
-    print(create_database())
+    from django.db import connections
+
+    for alias in connections:
+        print(create_database(alias))

@@ -80,15 +80,22 @@ def _second(url: str) -> str:
     return f"{path}-second.{ext}" if dot else f"{url}_second"
 
 
+def second_database() -> dict:
+    """The second database: DATABASE_URL_SECOND, else DATABASE_URL's with another name."""
+    return _database(env("DATABASE_URL_SECOND", default=_second(_URL)))
+
+
 _URL = env("DATABASE_URL", default="sqlite:///db.sqlite3")
-DATABASES = {
-    "default": _database(_URL),
-    # A second database, for pools and queues spread over two (LEASES_ROUTES); only used when routed to.
-    "second": _database(env("DATABASE_URL_SECOND", default=_second(_URL))),
-}
 # Which database each pool, lock, dispatcher and queue lives on, as JSON, e.g.
 # LEASES_ROUTES='{"queues": {"crawl*": "second"}}' (see leases.routing).
 LEASES_ROUTES = env.json("LEASES_ROUTES", default={})
+DATABASES = {"default": _database(_URL)}
+# A second database, for pools and queues spread over two, only when DATABASE_URL_SECOND names
+# it or a route sends something there: Django 6.1's checks connect to every configured database.
+_ROUTED = [alias for kind in (LEASES_ROUTES.values() if isinstance(LEASES_ROUTES, dict) else ())
+           if isinstance(kind, dict) for alias in kind.values()]
+if env.str("DATABASE_URL_SECOND", default="") or "second" in _ROUTED:
+    DATABASES["second"] = second_database()
 
 # Django's Tasks framework (django.tasks, or the django-tasks backport on Django 5.2) on
 # the leases job queue: `manage.py leases_worker` runs these tasks beside native jobs.
