@@ -18,6 +18,7 @@ leases.E012    a TASKS entry of this backend has bad QUEUES or OPTIONS
 leases.E013    a TASKS BACKEND looks like this backend but cannot be imported
 leases.E014    leases.tasks is installed without leases
 leases.E015    leases.pipelines is installed without leases.tasks
+leases.E016    a DATABASES entry's LEASES_READ_TIMEOUT is not None or seconds > 0
 =============  ===========================================================
 
 The database connections themselves are checked by `leases.db` (E003, E004, W001), the
@@ -57,6 +58,7 @@ TASKS_BACKEND = "leases.tasks.backend.DatabaseBackend"
 KEEP_RUNS = 100
 HANDLER_GRACE = 600.0
 MAX_JSON_BYTES = 1 << 20
+READ_TIMEOUT = 30.0
 #: Keys a schedule of LEASES_SCHEDULES may have.
 SCHEDULE_KEYS = frozenset({"handler", "pipeline", "cron", "every", "at", "timezone", "payload", "context", "queue",
                            "priority", "enabled", "catch_up"})
@@ -145,6 +147,19 @@ def metrics_token() -> str:
     if not isinstance(value, str):
         raise ValueError(f"LEASES_METRICS_TOKEN must be a string, not {type(value).__name__}")
     return value
+
+
+def read_timeout(entry: dict[str, Any], vendor: str) -> float | None:
+    """A DATABASES entry's LEASES_READ_TIMEOUT: seconds a unit of the engine's work may
+    wait for the server's replies before its connection is cut (None: forever). Default
+    READ_TIMEOUT on PostgreSQL, whose driver has no read timeout; None elsewhere (MySQL's
+    driver has OPTIONS read_timeout, SQLite no server)."""
+    value = entry.get("LEASES_READ_TIMEOUT", READ_TIMEOUT if vendor == "postgresql" else None)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 86400:
+        raise ValueError(f"LEASES_READ_TIMEOUT must be None or seconds above 0 and below a day, not {value!r}")
+    return float(value)
 
 
 @dataclass(frozen=True)
@@ -276,6 +291,11 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Error]:
             reader()
         except ValueError as exc:
             errors.append(Error(str(exc), id=f"leases.{code}"))
+    for alias, entry in settings.DATABASES.items():
+        try:
+            read_timeout(entry, "postgresql")
+        except ValueError as exc:
+            errors.append(Error(f"DATABASES[{alias!r}]: {exc}", id="leases.E016"))
     return errors + _tasks_errors()
 
 

@@ -27,7 +27,7 @@ from django.db import Error as DatabaseError
 from django.db import InterfaceError, OperationalError, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from . import conf
+from . import conf, watchdog
 
 log = logging.getLogger("leases.db")
 
@@ -318,6 +318,7 @@ def run(
     work: Callable[[Any, bool], T],
     using: str | None = None,
     attempts: int = 8,
+    until: float | None = None,
 ) -> T:
     """Run `work(cursor, resumed)` and retry it on transient errors.
 
@@ -328,29 +329,35 @@ def run(
 
     Each retry is a DEBUG line; work that succeeded after retries says so in one INFO line
     (how many, of which kinds), and work that ran out of attempts raises the last error,
-    so a one-shot command still reports an outage in one line.
+    so a one-shot command still reports an outage in one line. An attempt that waits for
+    the server past its deadline (`leases.watchdog`: LEASES_READ_TIMEOUT, or `until`, a
+    `time.monotonic()` moment after which the work is worthless) fails as a lost connection.
     """
     connection = connections[alias(using)]
     resumed = False
     kinds: list[str] = []
     for attempt in range(attempts):
         sent = False
+        watch = None
         try:
             drop_if_broken(connection)
             connection.ensure_connection()
+            watch = watchdog.watch(connection, until)
             cursor = Cursor(connection)
             try:
                 sent = True
                 result = work(cursor, resumed)
             finally:
                 cursor.close()
+                watchdog.done(watch)
             if kinds:
                 log.info("transient database errors retried on %s: %s, then it went through", connection.alias,
                          ", ".join(f"{kind} x{kinds.count(kind)}" for kind in dict.fromkeys(kinds)))
             return result
         except (OperationalError, InterfaceError) as exc:
             kind = _kind(exc)
-            if kind is None or connection.in_atomic_block or attempt == attempts - 1:
+            watchdog.done(watch)
+            if kind is None or connection.in_atomic_block or attempt == attempts - 1 or watchdog.late(until):
                 raise
             kinds.append(_label(exc, kind))
             log.debug("transient database error (%s), attempt %d of %d: %s", kind, attempt + 1, attempts, exc)

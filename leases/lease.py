@@ -141,7 +141,8 @@ class Hold:
                 cursor.execute(sql, (db.dialect(cursor.db).seconds(ttl), self.id, self.token, self.holder))
                 return cursor.rowcount == 1
 
-            if not db.run(work, self.using):
+            # Past its deadline it is not surely ours, renewed or not: wait no longer.
+            if not db.run(work, self.using, until=self._deadline):
                 self.lost = True
                 raise LeaseLost(f"{self} (token {self.token}) expired or passed to another holder")
             self.ttl = ttl
@@ -249,9 +250,9 @@ def keep_alive(lease: Hold, interval: float, stop: threading.Event) -> None:
         except Error as exc:
             if lease.remaining() <= 0:
                 lease._mark_lost()
-                log.warning("%s ran out while renewal failed: %s", lease, exc)
+                log.warning("%s ran out while renewal failed: %s", lease, db.one_line(exc))
                 return
-            log.warning("renewing %s failed, will retry: %s", lease, exc)
+            log.warning("renewing %s failed, will retry: %s", lease, db.one_line(exc))
 
 
 class Heartbeat(threading.Thread):

@@ -26,7 +26,10 @@ ENGINES = {
 def database_settings(url: str) -> dict[str, Any]:
     """A DATABASES entry for a URL: `sqlite:///relative.sqlite3`, `sqlite:////absolute`,
     `mysql://user:password@host:3306/name?option=value` (or `mariadb://`),
-    `postgres://user:password@host:5432/name`. ValueError, one line, for anything else."""
+    `postgres://user:password@host:5432/name` (or several `host:port` pairs, comma-separated:
+    libpq tries them in turn, `?target_session_attrs=read-write` picks the one taking writes).
+    `?read_timeout=` is the engine's read deadline on PostgreSQL (seconds, or `none`), the
+    driver's on MySQL. ValueError, one line, for anything else."""
     parts = urlsplit(url)
     engine = ENGINES.get(parts.scheme)
     if engine is None:
@@ -53,17 +56,48 @@ def database_settings(url: str) -> dict[str, Any]:
 
 
 def _postgres(parts: Any, options: dict[str, Any]) -> dict[str, Any]:
-    """A link that vanished becomes an error within seconds (libpq's connect and TCP user
-    timeouts), and lock waits end after ten. libpq has no read timeout: a server that
-    stalls while its link stays up holds the caller until it wakes."""
+    """A link that vanished becomes an error within seconds (libpq's connect timeout, TCP
+    keepalives and user timeout), and lock waits end after ten. libpq has no read timeout
+    and a stopped server's kernel still acknowledges, so none of those fires while the
+    server stalls: the engine's own read deadline, LEASES_READ_TIMEOUT, ends that wait."""
+    timeout = {"LEASES_READ_TIMEOUT": _seconds(options.pop("read_timeout"))} if "read_timeout" in options else {}
     options.setdefault("connect_timeout", 5)
+    options.setdefault("keepalives", 1)
+    options.setdefault("keepalives_idle", 10)
+    options.setdefault("keepalives_interval", 5)
+    options.setdefault("keepalives_count", 3)
     options.setdefault("tcp_user_timeout", 30_000)
     options.setdefault("options", "-c lock_timeout=10s")
+    userinfo, _, hosts = parts.netloc.rpartition("@")
+    user, _, password = userinfo.partition(":")
+    pairs = [_host_port(pair, parts) for pair in hosts.split(",")]
     return {
-        "ENGINE": ENGINES["postgres"], "NAME": unquote(parts.path.strip("/")), "USER": unquote(parts.username or ""),
-        "PASSWORD": unquote(parts.password or ""), "HOST": parts.hostname or "", "PORT": str(parts.port or ""),
-        "OPTIONS": options,
+        "ENGINE": ENGINES["postgres"], "NAME": unquote(parts.path.strip("/")), "USER": unquote(user),
+        "PASSWORD": unquote(password), "HOST": ",".join(host for host, _ in pairs),
+        "PORT": ",".join(port for _, port in pairs) if any(port for _, port in pairs) else "",
+        "OPTIONS": options, **timeout,
     }
+
+
+def _seconds(value: Any) -> Any:
+    """A URL's number of seconds, `none` as None; anything else as given, for the check to name."""
+    if str(value).lower() == "none":
+        return None
+    try:
+        return float(value) if isinstance(value, str) else value
+    except ValueError:
+        return value
+
+
+def _host_port(pair: str, parts: Any) -> tuple[str, str]:
+    """One `host[:port]` of a PostgreSQL URL (an IPv6 address in brackets)."""
+    host, port = (pair[1:].split("]", 1) if pair.startswith("[") else ("", pair))
+    if not host:
+        host, _, port = pair.rpartition(":") if ":" in pair else (pair, "", "")
+    port = port.lstrip(":")
+    if port and not port.isdecimal():
+        raise ValueError(f"database URL {_shown(parts.geturl())!r}: port {port!r} is not a number")
+    return unquote(host).lower(), port
 
 
 def _sqlite(name: str, options: dict[str, Any]) -> dict[str, Any]:
