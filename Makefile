@@ -35,25 +35,33 @@ demo: venv
 test: venv
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-# Django 6.1 on Python 3.12, in its own venv: the Tasks backend, whose @task(...) takes a
-# job's options from 6.1 on. The pins of requirements.txt, with Django 6.1 in place of 5.2
-# and without the backport (Django has django.tasks built in).
+# Django 6.1 on Python 3.13, in its own venv: the whole suite on the newest versions CI tests.
+# The pins of requirements.txt with Django 6.1 in place of 5.2 and without the django-tasks
+# backport (Django has django.tasks built in from 6.0); the driver DATABASE_URL asks for, as `venv`.
 VENV61    ?= .venv61
-PYTHON312 ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python3.12) python3.12)
+PYTHON313 ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.13*/bin/python3.13) python3.13)
 DJANGO61  ?= django==6.1.3
 
 $(VENV61)/.installed: requirements.txt pyproject.toml
-	$(PYTHON312) -m venv $(VENV61)
+	$(PYTHON313) -m venv $(VENV61)
 	$(VENV61)/bin/python -m pip install -q --upgrade pip
 	grep -v -i -E '^(django|django-tasks)==' requirements.txt > $(VENV61)/requirements.txt
 	$(VENV61)/bin/python -m pip install -q "$(DJANGO61)" -r $(VENV61)/requirements.txt
 	$(VENV61)/bin/python -m pip install -q --no-deps -e .
 	touch $@
 
-venv61: $(VENV61)/.installed
+$(VENV61)/.mysql: $(VENV61)/.installed requirements-mysql.txt
+	$(VENV61)/bin/python -m pip install -q -r requirements-mysql.txt
+	touch $@
+
+$(VENV61)/.postgres: $(VENV61)/.installed requirements-postgres.txt
+	$(VENV61)/bin/python -m pip install -q -r requirements-postgres.txt
+	touch $@
+
+venv61: $(VENV61)/.installed $(if $(USES_MYSQL),$(VENV61)/.mysql) $(if $(USES_POSTGRES),$(VENV61)/.postgres)
 
 test-django61: venv61
-	$(VENV61)/bin/python -m pytest tests/tasks/test_backend.py tests/tasks/test_backend_options.py $(PYTEST_ARGS)
+	$(VENV61)/bin/python -m pytest $(PYTEST_ARGS)
 
 # The documentation site (docs/*.md through Sphinx, Furo and MyST); every warning is an error.
 $(VENV)/.docs: $(VENV)/.installed requirements-docs.txt
