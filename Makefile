@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 USES_MYSQL := $(findstring mysql,$(firstword $(subst :, ,$(DATABASE_URL))))
 USES_POSTGRES := $(findstring postgres,$(firstword $(subst :, ,$(DATABASE_URL))))
 
-.PHONY: venv demo test test-django61 venv61 docs bench bench-queue bench-pipelines bench-resources bench-durable bench-peers bench-capacity soak clean galera-up galera-down test-galera
+.PHONY: venv demo test test-django61 venv61 docs bench bench-queue bench-pipelines bench-resources bench-durable bench-peers bench-capacity soak clean galera-up galera-down test-galera pg-ha-up pg-ha-down test-pg-ha
 
 $(VENV)/.installed: requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -125,3 +125,18 @@ galera-down:
 
 test-galera: $(VENV)/.mysql galera-up
 	LEASES_GALERA=1 DATABASE_URL=$(GALERA_URL) $(PY) -m pytest tests/galera $(PYTEST_ARGS)
+
+# Three PostgreSQL 15 nodes under Patroni with one etcd, and HAProxy at 127.0.0.1:5440
+# routing to the primary (pgha/cluster.sh: nodes at 5441-5443; PGHA_SYNC=1 or
+# `pgha/cluster.sh up --sync` for synchronous replication), and the tests that need it
+# (tests/pgha, which `make test` skips). The tests' database is reached through HAProxy.
+PGHA_URL ?= postgres://postgres@127.0.0.1:5440/leases_pgha
+
+pg-ha-up:
+	bash pgha/cluster.sh up
+
+pg-ha-down:
+	bash pgha/cluster.sh down
+
+test-pg-ha: $(VENV)/.postgres pg-ha-up
+	LEASES_PGHA=1 DATABASE_URL=$(PGHA_URL) $(PY) -m pytest tests/pgha $(PYTEST_ARGS)
