@@ -1,7 +1,8 @@
 """Capacity beyond one server: the same three workloads on one MariaDB server, on the
-Galera cluster through HAProxy, and split over two databases by LEASES_ROUTES.
+Galera cluster through HAProxy, split over two databases by LEASES_ROUTES, and on one
+PostgreSQL server beside the Patroni cluster through HAProxy (asynchronous, synchronous).
 
-    python bench/capacity.py [--seconds 4] [--procs 4] [--jobs 4000] [--targets one,cluster,two]
+    python bench/capacity.py [--seconds 4] [--procs 4] [--jobs 4000] [--targets one,cluster,two,pg,patroni,patroni-sync]
 
 Workloads, each with --procs processes at once:
   jobs          a queue of --jobs no-op jobs drained by burst Workers (concurrency 4 each)
@@ -14,6 +15,11 @@ Targets (each in a process of its own, with its own settings):
            writer, node1); skipped when it does not answer (`make galera-up`)
   two      two databases on the server at 3306, half of the processes on a pool, queue
            and dispatcher routed to each (LEASES_ROUTES)
+  pg       one database on the PostgreSQL server at 127.0.0.1:5432
+  patroni  the Patroni cluster of pgha/cluster.sh through HAProxy (127.0.0.1:5440: the
+           primary), asynchronous replication; skipped when it does not answer (`make pg-ha-up`)
+  patroni-sync  the same with synchronous replication (`pgha/cluster.sh mode sync` for
+           the run, then back to async): each commit waits for a standby's flush
 
 Everything shares this machine's cores: "two" shows what routing costs and that the
 split works, not what two servers would add. Writes the table to stdout and a plot to
@@ -37,6 +43,8 @@ sys.path[0] = str(ROOT)  # not bench/, whose queue.py would shadow the standard 
 
 SERVER = "mysql://root@127.0.0.1:3306"
 PROXY = "mysql://root@127.0.0.1:3310"
+PG_SERVER = "postgres://postgres@127.0.0.1:5432"
+PG_PROXY = "postgres://postgres@127.0.0.1:5440"
 TARGETS = {
     "one": {"DATABASE_URL": f"{SERVER}/leases_capacity"},
     "cluster": {"DATABASE_URL": f"{PROXY}/leases_capacity"},
@@ -45,8 +53,15 @@ TARGETS = {
         "DATABASE_URL_SECOND": f"{SERVER}/leases_capacity_b",
         "LEASES_ROUTES": json.dumps({kind: {"b-*": "second"} for kind in ("pools", "queues", "dispatchers")}),
     },
+    "pg": {"DATABASE_URL": f"{PG_SERVER}/leases_capacity"},
+    "patroni": {"DATABASE_URL": f"{PG_PROXY}/leases_capacity"},
+    "patroni-sync": {"DATABASE_URL": f"{PG_PROXY}/leases_capacity"},
 }
-LABELS = {"one": "one server", "cluster": "Galera, 3 nodes, via HAProxy", "two": "two databases"}
+LABELS = {"one": "one server", "cluster": "Galera, 3 nodes, via HAProxy", "two": "two databases",
+          "pg": "one PostgreSQL server", "patroni": "Patroni, 3 nodes, async, via HAProxy",
+          "patroni-sync": "Patroni, 3 nodes, sync, via HAProxy"}
+#: The replication mode a target runs the Patroni cluster in (pgha/cluster.sh mode).
+PATRONI_MODE = {"patroni": "async", "patroni-sync": "sync"}
 WORKLOADS = {"jobs": "jobs/s", "lease_pairs": "lease pairs/s", "assign_calls": "assign calls/s"}
 RESOURCES, TASKS, LIMIT = 40, 30_000, 10
 
@@ -56,7 +71,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--seconds", type=float, default=4.0, help="length of each timed loop")
     parser.add_argument("--procs", type=int, default=4, help="processes per workload")
     parser.add_argument("--jobs", type=int, default=4000, help="jobs in the drained queue")
-    parser.add_argument("--targets", default="one,cluster,two")
+    parser.add_argument("--targets", default="one,cluster,two,pg,patroni,patroni-sync")
     parser.add_argument("--plot", default=str(ROOT / "bench" / "capacity.png"))
     parser.add_argument("--child", help=argparse.SUPPRESS)
     return parser.parse_args()
@@ -227,7 +242,7 @@ def plot(rows: dict[str, dict[str, Any]], path: Path, title: str) -> None:
     for ax, (key, label) in zip(axes, WORKLOADS.items()):
         names = list(rows)
         values = [rows[name][key] for name in names]
-        bars = ax.bar(range(len(names)), values, color=["#4c72b0", "#dd8452", "#55a868"][: len(names)])
+        bars = ax.bar(range(len(names)), values, color=["#4c72b0", "#dd8452", "#55a868", "#8172b3", "#c44e52", "#937860"][: len(names)])
         ax.bar_label(bars, labels=[f"{v:,.0f}" for v in values], fontsize=8)
         ax.set_xticks(range(len(names)), [LABELS[name].replace(", ", ",\n") for name in names], fontsize=8)
         ax.set_title(label, fontsize=10)
@@ -252,7 +267,13 @@ def main() -> None:
             continue
         child = [sys.executable, __file__, "--child", target, "--seconds", str(args.seconds),
                  "--procs", str(args.procs), "--jobs", str(args.jobs)]
-        done = subprocess.run(child, env=env, capture_output=True, text=True)
+        if target in PATRONI_MODE:
+            subprocess.run(["bash", str(ROOT / "pgha" / "cluster.sh"), "mode", PATRONI_MODE[target]], check=True)
+        try:
+            done = subprocess.run(child, env=env, capture_output=True, text=True)
+        finally:
+            if target in PATRONI_MODE:
+                subprocess.run(["bash", str(ROOT / "pgha" / "cluster.sh"), "mode", "async"], check=True)
         if done.returncode != 0:
             raise SystemExit(f"{target} failed:\n{done.stderr[-3000:]}")
         rows[target] = json.loads(done.stdout.strip().splitlines()[-1])
