@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterator, TypeVar
 
 from django.core.checks import Error, Warning
 from django.db import Error as DatabaseError
-from django.db import InterfaceError, OperationalError, connections, transaction
+from django.db import InterfaceError, InternalError, OperationalError, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from . import conf, watchdog
@@ -52,6 +52,9 @@ _UNREACHABLE_CODES = {2002, 2003, 2005, 1040}
 _PG_RETRY = {"40001", "40P01", "55P03"}
 _PG_RECONNECT = {"57P01", "57P02", "08000", "08003", "08006", "08007"}
 _PG_UNREACHABLE = {"57P03", "53300", "08001", "08004"}
+#: A write on a server that takes none: after a switchover or a failover, a session that
+#: still reaches the old primary (now a replica). A new connection finds the new primary.
+_PG_READ_ONLY = "25006"
 #: Words of psycopg's connection errors, which carry no SQLSTATE: the server is away, or
 #: it answered and refused us (a wrong role, password or database: waiting cannot cure it).
 _PG_REFUSED = ("connection failed", "connection refused", "could not connect", "timeout expired",
@@ -96,6 +99,11 @@ class Dialect:
     #: A JSON text parameter where its type is not inferred from a column (a SELECT list
     #: feeding an INSERT): PostgreSQL takes such a parameter for text, not jsonb.
     json: str = "%s"
+    #: The larger of two values (SQLite's two-argument MAX), for a fence's next value.
+    greatest: str = "GREATEST"
+    #: Reads the server's timeline, where a failover can promote a server that missed the
+    #: last commits of the old one (PostgreSQL's asynchronous standbys); "" where none can.
+    timeline: str = ""
 
 
 _MYSQL = Dialect(
@@ -125,6 +133,7 @@ _SQLITE = Dialect(
     new="excluded.{col}",
     stored_datetime=lambda dt: dt.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f"),
     steps="CAST((julianday({col}) - julianday(%s)) * 86400 / %s AS INTEGER)",
+    greatest="MAX",
 )
 
 _POSTGRES = Dialect(
@@ -147,6 +156,9 @@ _POSTGRES = Dialect(
     notify="SELECT pg_notify(%s, payload) FROM unnest(%s::text[]) AS payload",
     arrays=True,
     json="%s::jsonb",
+    # The timeline is the first eight hex digits of the current WAL file's name; every
+    # promotion starts a higher one. Any role may call both functions.
+    timeline="SELECT ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint",
 )
 
 DIALECTS = {"mysql": _MYSQL, "sqlite": _SQLITE, "postgresql": _POSTGRES}
@@ -164,6 +176,25 @@ def dialect(connection: BaseDatabaseWrapper) -> Dialect:
         raise NotImplementedError(
             f"django-leases supports MySQL/MariaDB, PostgreSQL and SQLite, not {connection.vendor!r}"
         ) from None
+
+
+def fence_floor(connection: BaseDatabaseWrapper, bits: int = 32) -> int:
+    """The least value a fencing token (or a job's claim count, `bits=20`) may take next
+    on this connection's server: 0 until a failover, then above any value the old server
+    can have handed out, so a grant whose commit the failover lost is never granted again
+    under the same number. Read once per connection: a session never outlives a promotion.
+    """
+    sql = dialect(connection).timeline
+    if not sql:
+        return 0
+    raw = connection.connection
+    known = getattr(connection, "_leases_timeline", None)
+    if known is None or known[0] is not raw:
+        with connection.cursor() as cursor:
+            cursor.execute(sql)
+            known = (connection.connection, int(cursor.fetchone()[0]))
+        connection._leases_timeline = known
+    return (known[1] - 1) << bits
 
 
 def upsert(connection: BaseDatabaseWrapper, unique_fields: list[str], update_fields: list[str]) -> dict:
@@ -187,9 +218,11 @@ def to_datetime(value: Any) -> datetime:
 
 def _kind(exc: BaseException) -> str | None:
     """retry (same connection), reconnect (it died mid-statement), unreachable, or None."""
+    sqlstate = getattr(exc.__cause__, "sqlstate", False)
+    if isinstance(exc, InternalError) and sqlstate == _PG_READ_ONLY:
+        return "unreachable"  # nothing was written; wait for the primary as for a restart
     if not isinstance(exc, (OperationalError, InterfaceError)):
         return None
-    sqlstate = getattr(exc.__cause__, "sqlstate", False)
     if sqlstate is not False:  # psycopg's error, which Django's wraps
         return _pg_kind(exc, sqlstate)
     code = exc.args[0] if exc.args else None
@@ -354,7 +387,7 @@ def run(
                 log.info("transient database errors retried on %s: %s, then it went through", connection.alias,
                          ", ".join(f"{kind} x{kinds.count(kind)}" for kind in dict.fromkeys(kinds)))
             return result
-        except (OperationalError, InterfaceError) as exc:
+        except (OperationalError, InterfaceError, InternalError) as exc:
             kind = _kind(exc)
             watchdog.done(watch)
             if kind is None or connection.in_atomic_block or attempt == attempts - 1 or watchdog.late(until):

@@ -91,11 +91,12 @@ def _attempt(name: str, ttl: float, holder: str, using: str) -> Callable[[Any, b
         mono_anchor = time.monotonic()
         if row is None:  # first use of this name: create it, held
             sent_at = time.monotonic()
+            token = max(1, db.fence_floor(cursor.db))
             try:
-                cursor.execute(st.insert, (name, holder, seconds))
+                cursor.execute(st.insert, (name, holder, token, seconds))
             except IntegrityError:
                 return None  # someone else created it first
-            id_, token = cursor.lastrowid, 1
+            id_ = cursor.lastrowid
             now, mono_anchor = clock.now(cursor), time.monotonic()
             return _held(name, id_, token, holder, ttl, sent_at, now, mono_anchor, using)
         id_, token, current, expired, now, expires_at = row
@@ -108,10 +109,11 @@ def _attempt(name: str, ttl: float, holder: str, using: str) -> Callable[[Any, b
         if not expired:
             return _Busy(current, (db.to_datetime(expires_at) - db.to_datetime(now)).total_seconds())
         sent_at = time.monotonic()
-        cursor.execute(st.claim, (holder, seconds, id_, token))
+        floor = db.fence_floor(cursor.db)
+        cursor.execute(st.claim, (holder, floor, seconds, id_, token))
         if cursor.rowcount != 1:
             return None
-        return _held(name, id_, token + 1, holder, ttl, sent_at, now, mono_anchor, using)
+        return _held(name, id_, max(token + 1, floor), holder, ttl, sent_at, now, mono_anchor, using)
 
     return work
 

@@ -308,8 +308,8 @@ class Pool:
                     if db.transient(exc):  # the claim may have committed before the outage
                         in_doubt.append(claim)
                     raise
-                if won:
-                    return self._lease(claim, holder, ttl)
+                if won is not None:
+                    return self._lease(claim, won, holder, ttl)
         return None
 
     def _recover(self, in_doubt: list[_Claim], holder: str, ttl: float) -> Lease | None:
@@ -324,10 +324,11 @@ class Pool:
         claimer = self._claimer(claim.id, claim.token, holder, ttl)
         won = db.run(lambda cursor, resumed: claimer(cursor, True), self.using)
         in_doubt.clear()
-        return self._lease(claim, holder, ttl) if won else None
+        return self._lease(claim, won, holder, ttl) if won is not None else None
 
-    def _lease(self, claim: _Claim, holder: str, ttl: float) -> Lease:
-        id_, token, name, data, now, slot = claim.row
+    def _lease(self, claim: _Claim, token: int, holder: str, ttl: float) -> Lease:
+        """The lease a won claim gives: `token` is the one the claim wrote."""
+        id_, _, name, data, now, slot = claim.row
         return Lease(
             pool=self.name,
             id=id_,
@@ -335,7 +336,7 @@ class Pool:
             resource=load_json(data),
             slot=slot,
             cooldown=self.cooldown,
-            token=token + 1,
+            token=token,
             holder=holder,
             ttl=ttl,
             sent_at=claim.sent_at,  # the earliest the claim can have committed
@@ -353,15 +354,19 @@ class Pool:
         return cursor.fetchall()
 
     @staticmethod
-    def _claimer(id_: int, token: int, holder: str, ttl: float) -> Callable[[Any, bool], bool]:
-        def claim(cursor: Any, resumed: bool) -> bool:
+    def _claimer(id_: int, token: int, holder: str, ttl: float) -> Callable[[Any, bool], int | None]:
+        """The claim of the resource `id_` whose token was `token`: the token it holds now,
+        or None when another holder won it."""
+        def claim(cursor: Any, resumed: bool) -> int | None:
             st = statements(cursor.db)
             if resumed:  # the first try may have committed before the connection dropped
-                cursor.execute(st.claimed, (id_, token + 1, holder))
-                if cursor.fetchone():
-                    return True
-            cursor.execute(st.claim, (db.dialect(cursor.db).seconds(ttl), holder, id_, token))
-            return cursor.rowcount == 1
+                cursor.execute(st.claimed, (id_, token, holder))
+                row = cursor.fetchone()
+                if row:
+                    return row[0]
+            floor = db.fence_floor(cursor.db)
+            cursor.execute(st.claim, (db.dialect(cursor.db).seconds(ttl), holder, floor, id_, token))
+            return max(token + 1, floor) if cursor.rowcount == 1 else None
 
         return claim
 

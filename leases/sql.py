@@ -39,15 +39,17 @@ RESOURCE = {
         "SELECT id, token, name, data, {now}, slot FROM {t} WHERE pool = %s AND busy_before <= {now}" + USABLE_FOR
         + " ORDER BY busy_before LIMIT %s"
     ),
-    # params: ttl, holder, id, token read by "candidates"
+    # params: ttl, holder, fence floor, id, token read by "candidates"
     "claim": (
-        "UPDATE {t} SET busy_before = {later}, holder = %s, token = token + 1,"
+        "UPDATE {t} SET busy_before = {later}, holder = %s, token = {fence[token]},"
         " acquired_at = {now}, renewed_at = {now}, quarantined_until = NULL,"
         " quarantine_reason = ''"
         " WHERE id = %s AND token = %s AND busy_before <= {now}"
     ),
-    # After a dropped connection: did our claim commit? params: id, token + 1, holder
-    "claimed": "SELECT 1 FROM {t} WHERE id = %s AND token = %s AND holder = %s",
+    # After a dropped connection: did our claim commit, and with which token? A later
+    # token under our holder is ours: we claim one resource once at a time.
+    # params: id, token read by "candidates", holder
+    "claimed": "SELECT token FROM {t} WHERE id = %s AND token > %s AND holder = %s",
     # Renewing after expiry fails, so there is no instant with two successful holders.
     # params: ttl, id, token, holder
     "renew": (
@@ -119,14 +121,14 @@ LOCK = {
         "SELECT id, token, holder, CASE WHEN expires_at <= {now} THEN 1 ELSE 0 END, {now}, expires_at"
         " FROM {t} WHERE name = %s"
     ),
-    # params: name, holder, ttl; a duplicate key means someone else created it first
+    # params: name, holder, first token, ttl; a duplicate key means someone else created it first
     "insert": (
         "INSERT INTO {t} (name, holder, token, expires_at, acquired_at)"
-        " VALUES (%s, %s, 1, {later}, {now}){returning}"
+        " VALUES (%s, %s, %s, {later}, {now}){returning}"
     ),
-    # params: holder, ttl, id, token read by "read"
+    # params: holder, fence floor, ttl, id, token read by "read"
     "claim": (
-        "UPDATE {t} SET holder = %s, token = token + 1, expires_at = {later}, acquired_at = {now}"
+        "UPDATE {t} SET holder = %s, token = {fence[token]}, expires_at = {later}, acquired_at = {now}"
         " WHERE id = %s AND token = %s AND expires_at <= {now}"
     ),
     # params: ttl, id, token, holder
@@ -225,6 +227,7 @@ def register(kind: str, templates: dict[str, str], tables: dict[str, str],
     an SQL literal. Besides those, templates may use the dialect's fragments: {now},
     {later}, {random}, {skip_locked}, {for_update}, {upsert[conflict columns]}, {new[col]},
     {steps[col]} (a time axis's bar of a column: params its start, its step in seconds),
+    {fence[col]} (the column's next fencing value, one parameter: `db.fence_floor`),
     {returning} (ends an INSERT whose id `cursor.lastrowid` reads) and {json} (a JSON
     text parameter whose type no column gives).
     """
@@ -281,6 +284,8 @@ def _build(kind: str, vendor: str, skip_locked: str, quote: Any) -> SimpleNamesp
         "upsert": _Pattern(dialect.upsert, "keys"),
         "new": _Pattern(dialect.new, "col"),
         "steps": _Pattern(dialect.steps, "col"),
+        # A fence's next value: one more, but at least the parameter (`db.fence_floor`).
+        "fence": _Pattern(dialect.greatest + "({col} + 1, %s)", "col"),
         "returning": dialect.returning,
         "json": dialect.json,
         **{key: quote(apps.get_model(label)._meta.db_table) for key, label in tables.items()},

@@ -327,11 +327,11 @@ def test_a_claim_that_committed_before_the_connection_dropped_is_recognised(pool
     from leases.pool import Pool as P
 
     claim = P._claimer(row("a").id, 0, "me:1:abcd", 30)
-    assert db.run(claim) is True
-    # Retrying after a lost reply: the token moved on, but the row is ours.
-    assert db.run(lambda cursor, resumed: claim(cursor, True)) is True
+    assert db.run(claim) == 1
+    # Retrying after a lost reply: the token moved on, but the row is ours, with that token.
+    assert db.run(lambda cursor, resumed: claim(cursor, True)) == 1
     other = P._claimer(row("a").id, 0, "someone:2:ef01", 30)
-    assert db.run(lambda cursor, resumed: other(cursor, True)) is False
+    assert db.run(lambda cursor, resumed: other(cursor, True)) is None
 
 
 def test_a_connection_killed_by_the_server_is_reopened(pool):
@@ -434,7 +434,7 @@ def test_a_claim_an_outage_hid_is_recognised_on_the_next_attempt(pool, monkeypat
         def committed_then_lost(cursor, resumed):
             calls.append(resumed)
             if len(calls) == 1:
-                assert claim(cursor, resumed) is True  # committed...
+                assert claim(cursor, resumed) == 1  # committed...
                 raise OperationalError(2013, "Lost connection to server during query")  # ...reply lost
             raise REFUSED
 

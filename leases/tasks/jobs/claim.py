@@ -27,6 +27,10 @@ from . import leasing, limits
 
 log = logging.getLogger("leases.tasks.worker")
 
+#: A claim count's fence floor counts in steps of 2**20 per failover (`db.fence_floor`):
+#: the column is a 32-bit integer, and no job is claimed a million times.
+CLAIMS_BITS = 20
+
 
 @dataclass
 class ClaimedJob:
@@ -79,12 +83,15 @@ class ClaimedJob:
         return self.limit_key, self.concurrency, self.rate
 
 
-def _claimed(row: tuple, worker: str, taken: bool, lease: JobLease | None = None, using: str = "") -> ClaimedJob:
-    """A row of "due" or "running_for"; `taken`: read after the claim, else before it."""
+def _claimed(row: tuple, worker: str, taken: bool, lease: JobLease | None = None, using: str = "",
+             floor: int = 0) -> ClaimedJob:
+    """A row of "due" or "running_for"; `taken`: read after the claim, else before it
+    (a claim made with the claims' fence `floor`)."""
     step = 0 if taken else 1
     return ClaimedJob(
         id=row[0], priority=row[1], queue=row[3], name=row[4], backend=row[5], payload=load_json(row[6]),
-        attempt=row[7] + step, max_attempts=row[8], key=row[9], claims=row[10] + step, worker=worker,
+        attempt=row[7] + step, max_attempts=row[8], key=row[9], claims=row[10] if taken else max(row[10] + 1, floor),
+        worker=worker,
         on_finish=row[11], limit_key=row[12], concurrency=row[13], rate=row[14], traceparent=row[15],
         pool=row[16], target=row[17], affinity=row[18], lease=lease, using=using,
     )
@@ -123,13 +130,15 @@ def claim(worker: str, queues: list[str], limit: int, ttl: float, using: str, un
             if first is not None:
                 first(cursor)
             lanes = _Lanes(cursor, worker, ttl, skip, using, delayed)
+            floor = lanes.floor
             for pool in pools:
                 if len(claimed) < limit:
                     got = leasing.claim_pool(cursor, worker, pool, queues, limit - len(claimed), ttl, lanes)
-                    claimed += [_claimed(row, worker, taken=False, lease=lease, using=using) for row, lease in got]
+                    claimed += [_claimed(row, worker, taken=False, lease=lease, using=using, floor=floor)
+                                for row, lease in got]
             rows = _due(cursor, queues, limit - len(claimed), skip) if len(claimed) < limit else []
             rows = lanes.within_limits(rows)
-            claimed += [_claimed(row, worker, taken=False, using=using) for row in lanes.start(rows)]
+            claimed += [_claimed(row, worker, taken=False, using=using, floor=floor) for row in lanes.start(rows)]
             read_ahead(cursor, claimed)
         return claimed
 
@@ -155,6 +164,8 @@ class _Lanes:
     def __init__(self, cursor: Any, worker: str, ttl: float, skip: tuple[str, ...], using: str,
                  delayed: list[float | None]) -> None:
         self.cursor, self.worker, self.ttl, self.skip, self.using, self.delayed = cursor, worker, ttl, skip, using, delayed
+        #: The least claim count a claim writes (see `db.fence_floor`).
+        self.floor = db.fence_floor(cursor.db, CLAIMS_BITS)
 
     def due(self, queue: str, pool: str, limit: int) -> list[tuple]:
         return _lane(self.cursor, queue, pool, limit, self.skip)
@@ -168,7 +179,7 @@ class _Lanes:
         return kept
 
     def start(self, rows: list[tuple], leases: dict[int, JobLease] | None = None) -> list[tuple]:
-        return _take(self.cursor, rows, self.worker, self.ttl, leases)
+        return _take(self.cursor, rows, self.worker, self.ttl, self.floor, leases)
 
 
 def _take_back(cursor: Any, worker: str, known: frozenset[int], using: str) -> list[ClaimedJob]:
@@ -204,7 +215,7 @@ def _lane(cursor: Any, queue: str, pool: str, limit: int, skip: tuple[str, ...])
     return cursor.fetchall()
 
 
-def _take(cursor: Any, rows: list[tuple], worker: str, ttl: float,
+def _take(cursor: Any, rows: list[tuple], worker: str, ttl: float, floor: int,
           leases: dict[int, JobLease] | None = None) -> list[tuple]:
     """Mark `rows` running under `worker`, with their `leases` (by job id) if they hold
     resources; the rows it won (all of them with SKIP LOCKED)."""
@@ -215,9 +226,9 @@ def _take(cursor: Any, rows: list[tuple], worker: str, ttl: float,
     later = db.dialect(cursor.db).seconds(ttl)
     if leases:
         statement, params = leasing.claim_statement(cursor, leases)
-        cursor.execute(statement, (worker, later, *params))
+        cursor.execute(statement, (floor, worker, later, *params))
     else:
-        cursor.execute(st.claim + in_list(ids), (worker, later, *ids))
+        cursor.execute(st.claim + in_list(ids), (floor, worker, later, *ids))
     if cursor.rowcount != len(ids):
         cursor.execute(st.claimed_among + in_list(ids), (worker, *ids))
         won = {row[0] for row in cursor.fetchall()}

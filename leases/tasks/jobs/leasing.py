@@ -118,9 +118,9 @@ def claim_pool(cursor: Any, worker: str, pool: str, queues: Sequence[str], limit
         _passed_over[pool] = time.monotonic()
     if not pairs:
         return []
-    _take_slots(cursor, worker, pairs, ttl)
+    floor = _take_slots(cursor, worker, pairs, ttl)
     leases = {row[0]: JobLease(pool=pool, name=slot.name, slot=slot.slot, data=load_json(slot.data),
-                               token=slot.token + 1, id=slot.id, holder=_holder(worker, row[0])) for row, slot in pairs}
+                               token=max(slot.token + 1, floor), id=slot.id, holder=_holder(worker, row[0])) for row, slot in pairs}
     started = {row[0] for row in lanes.start([row for row, _ in pairs], leases)}
     lost = [lease for job, lease in leases.items() if job not in started]
     if lost:  # taken by another claim meanwhile (SQLite has no SKIP LOCKED): give the slots back
@@ -216,14 +216,16 @@ def _usable(cursor: Any, pool: str, names: set[str]) -> set[str]:
     return {row[0] for row in cursor.fetchall()}
 
 
-def _take_slots(cursor: Any, worker: str, pairs: list[tuple[tuple, _Slot]], ttl: float) -> None:
+def _take_slots(cursor: Any, worker: str, pairs: list[tuple[tuple, _Slot]], ttl: float) -> int:
     """Lease each paired slot for its job, in one statement: the rows are locked by this
-    claim, so it takes them all; each token grows."""
+    claim, so it takes them all; each token grows, to at least the fence floor returned."""
     st = sql.leasing(cursor.db)
     holders = [value for row, slot in pairs for value in (slot.id, _holder(worker, row[0]))]
     ids = [slot.id for _, slot in pairs]
+    floor = db.fence_floor(cursor.db)
     cursor.execute(st.take + " WHEN %s THEN %s" * len(pairs) + st.take_tail + in_list(ids),
-                   (db.dialect(cursor.db).seconds(ttl), *holders, *ids))
+                   (db.dialect(cursor.db).seconds(ttl), *holders, floor, *ids))
+    return floor
 
 
 def claim_statement(cursor: Any, leases: dict[int, JobLease]) -> tuple[str, list]:

@@ -33,17 +33,18 @@ LEASING = {
     "resource": "SELECT name, slot, data FROM {r} WHERE id = %s",
     # Lease the paired slots, each under its job's holder, in one statement (the rows are
     # locked by the claim; the token grows): "take" + one " WHEN %s THEN %s" (slot id,
-    # holder) per slot + "take_tail" + the ids. params: ttl, the pairs, then ids
+    # holder) per slot + "take_tail" + the ids. params: ttl, the pairs, the fence floor, then ids
     "take": "UPDATE {r} SET busy_before = {later}, holder = CASE id",
     "take_tail": (
-        " END, token = token + 1, acquired_at = {now}, renewed_at = {now}, quarantined_until = NULL,"
+        " END, token = {fence[token]}, acquired_at = {now}, renewed_at = {now}, quarantined_until = NULL,"
         " quarantine_reason = '' WHERE busy_before <= {now} AND id IN ("
     ),
     # The claim of jobs with their leases: "claim_leased" + " WHEN %s THEN %s" (job id,
     # resource id) per job + "claim_leased_middle" + the same (job id, token) +
-    # "claim_leased_tail" + the ids. params: worker, ttl, the pairs, the pairs, then ids
+    # "claim_leased_tail" + the ids. params: claims' fence floor, worker, ttl, the pairs,
+    # the pairs, then ids
     "claim_leased": (
-        "UPDATE {j} SET status = {job.running}, attempt = attempt + 1, claims = claims + 1, worker = %s,"
+        "UPDATE {j} SET status = {job.running}, attempt = attempt + 1, claims = {fence[claims]}, worker = %s,"
         " pending_key = NULL, waiting_for = '', started_at = {now}, expires_at = {later}, resource_id = CASE id"
     ),
     "claim_leased_middle": " END, lease_token = CASE id",

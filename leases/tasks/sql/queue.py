@@ -94,9 +94,9 @@ JOBS = {
         " AND run_at <= {now} AND name NOT IN ("
     ),
     "due_skipping_tail": " ORDER BY priority DESC, turn, run_at, id LIMIT %s{skip_locked}",
-    # params: worker, ttl, then ids
+    # params: claims' fence floor, worker, ttl, then ids
     "claim": (
-        "UPDATE {j} SET status = {job.running}, attempt = attempt + 1, claims = claims + 1, worker = %s,"
+        "UPDATE {j} SET status = {job.running}, attempt = attempt + 1, claims = {fence[claims]}, worker = %s,"
         " pending_key = NULL, waiting_for = '', started_at = {now}, expires_at = {later} WHERE status = {job.ready} AND id IN ("
     ),
     # Without SKIP LOCKED a racing claim may have won some rows. params: worker, then ids
