@@ -14,7 +14,9 @@ import time
 from pathlib import Path
 
 import pytest
+from django.core.management import call_command
 from django.db import connections
+from django.test import TransactionTestCase
 
 ROOT = Path(__file__).resolve().parent.parent
 _fork = multiprocessing.get_context("fork")
@@ -181,3 +183,46 @@ def wait_for(predicate, timeout: float = 30, what: str = "condition"):
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout}s waiting for {what}")
         time.sleep(0.05)
+
+
+# -- a faster flush between transactional tests -----------------------------------------
+#: Tables a flush keeps: what migrations and post_migrate made, the same for every test.
+_KEPT = {"django_migrations", "django_content_type", "auth_permission"}
+
+
+def _emptied(alias: str) -> bool:
+    """Empty `alias`'s tables with DELETE, keeping content types and permissions; False
+    where Django's own flush is as quick (SQLite). PostgreSQL's TRUNCATE of every table
+    and the post_migrate signal that refills the kept ones cost 0.28 s a test here, the
+    DELETEs about 1 ms: a quarter of the suite's time on PostgreSQL."""
+    conn = connections[alias]
+    if conn.vendor not in ("postgresql", "mysql"):
+        return False
+    tables = [t for t in conn.introspection.django_table_names(only_existing=True, include_views=False)
+              if t not in _KEPT]
+    quote = conn.ops.quote_name
+    with conn.cursor() as cursor:
+        if conn.vendor == "postgresql":  # constraints' triggers off, so the order does not matter
+            cursor.execute("SET session_replication_role = replica; "
+                           + " ".join(f"DELETE FROM {quote(t)};" for t in tables)
+                           + " SET session_replication_role = DEFAULT")
+        else:
+            cursor.execute("SET FOREIGN_KEY_CHECKS = 0")
+            try:
+                for table in tables:
+                    cursor.execute(f"DELETE FROM {quote(table)}")
+            finally:
+                cursor.execute("SET FOREIGN_KEY_CHECKS = 1")
+    return True
+
+
+def _fixture_teardown(self) -> None:
+    if self.available_apps is not None or self.serialized_rollback:
+        return _django_teardown(self)
+    for alias in self._databases_names(include_mirrors=False):
+        if not _emptied(alias):
+            call_command("flush", verbosity=0, interactive=False, database=alias, reset_sequences=False)
+
+
+_django_teardown = TransactionTestCase._fixture_teardown
+TransactionTestCase._fixture_teardown = _fixture_teardown

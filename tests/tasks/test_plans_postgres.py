@@ -33,6 +33,22 @@ def analyzed(sql: str, params: list) -> str:
     return shown
 
 
+@pytest.fixture(autouse=True)
+def never_analyzed():
+    """The two tables as a new server has them: truncated (the flush between tests only
+    deletes, which keeps the statistics of earlier tests' rows), and no autovacuum to
+    ANALYZE them during the test."""
+    tables = ("leases_tasks_job", "leases_resource")
+    with connection.cursor() as cursor:
+        cursor.execute(f"TRUNCATE {', '.join(tables)} CASCADE")
+        for table in tables:
+            cursor.execute(f"ALTER TABLE {table} SET (autovacuum_enabled = off)")
+    yield
+    with connection.cursor() as cursor:
+        for table in tables:
+            cursor.execute(f"ALTER TABLE {table} RESET (autovacuum_enabled)")
+
+
 @pytest.fixture
 def stale_jobs():
     push_many([("noop", {"n": n}) for n in range(20_000)])  # and no ANALYZE
