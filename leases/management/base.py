@@ -116,10 +116,13 @@ class LeasesCommand(BaseCommand):
             one.error = partial(one_line_error, one)  # type: ignore[method-assign]
         return parser
 
-    def check(self, *args: Any, **kwargs: Any) -> None:
+    def check(self, *args: Any, databases: list[str] | None = None, **kwargs: Any) -> None:
         """Django's checks, then that this app's tables are migrated: a clean error
-        instead of a traceback ending in "Table ... doesn't exist"."""
-        super().check(*args, **kwargs)
+        instead of a traceback ending in "Table ... doesn't exist". Django's checks touch
+        no database here unless asked (from 6.1 they connect to every configured one,
+        a refusal or an outage a traceback): the loop below connects to those this app
+        uses, and says which refused."""
+        super().check(*args, databases=databases or [], **kwargs)
         for alias in routing.aliases():
             try:
                 errors = check_migrated(alias)
