@@ -1,6 +1,6 @@
 """Shared fixtures: real processes against the real test database.
 
-Concurrency is tested with forked processes (and subprocesses for the commands), never
+Concurrency is tested with child processes (and subprocesses for the commands), never
 threads alone. Tests that start processes use ``django_db(transaction=True)`` so that
 what the test writes is committed and visible to the children.
 """
@@ -14,16 +14,37 @@ import time
 from pathlib import Path
 
 import pytest
+from django.conf import UserSettingsHolder, settings
 from django.core.management import call_command
 from django.db import connections
-from django.test import TransactionTestCase
+from django.test import TransactionTestCase, override_settings
 
 ROOT = Path(__file__).resolve().parent.parent
-_fork = multiprocessing.get_context("fork")
+#: How the tests start child processes, and make what they share with them (queues, events,
+#: locks): forks of a fork server that set Django up once (tests.forkserver), not of the
+#: test process, which runs threads (the live server, tqdm's monitor) whose locks a fork
+#: would copy mid-way (Python 3.12+ warns of it). A child's target is a module-level function.
+CONTEXT = multiprocessing.get_context("forkserver")
+CONTEXT.set_forkserver_preload(["tests.forkserver"])
 
 
-def _child(target, args, kwargs):
-    # Inherited connection objects were closed in the parent before the fork.
+def _changed_settings() -> dict:
+    """The settings this test changed (pytest-django's `settings`, override_settings)."""
+    found, holder = {}, settings._wrapped
+    while isinstance(holder, UserSettingsHolder):
+        for name, value in vars(holder).items():
+            if name.isupper():
+                found.setdefault(name, value)
+        holder = holder.default_settings
+    return found
+
+
+def _child(target, args, kwargs, databases, changed):
+    """In the child: the test databases (the fork server read the settings before they
+    were made) and the test's settings, then the target."""
+    for alias, entry in databases.items():
+        settings.DATABASES[alias].update(entry)  # the dicts connections.settings holds too
+    override_settings(**changed).enable()
     try:
         target(*args, **kwargs)
     finally:
@@ -31,14 +52,16 @@ def _child(target, args, kwargs):
 
 
 class Processes:
-    """Starts forked children; kills whatever is still alive when the test ends."""
+    """Starts child processes; kills whatever is still alive when the test ends."""
 
     def __init__(self) -> None:
         self.started: list[multiprocessing.Process] = []
 
     def start(self, target, *args, **kwargs) -> multiprocessing.Process:
         connections.close_all()  # never share a socket with a child
-        proc = _fork.Process(target=_child, args=(target, args, kwargs), daemon=True)
+        databases = {alias: dict(connections[alias].settings_dict) for alias in connections}
+        proc = CONTEXT.Process(target=_child, args=(target, args, kwargs, databases, _changed_settings()),
+                               daemon=True)
         proc.start()
         self.started.append(proc)
         return proc
@@ -70,7 +93,7 @@ def processes():
 
 @pytest.fixture
 def queue():
-    return _fork.Queue()
+    return CONTEXT.Queue()
 
 
 def database_url(alias: str = "default") -> str:

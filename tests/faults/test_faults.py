@@ -20,7 +20,7 @@ from leases.sql import statements
 from leases.tasks import Dispatcher, push, push_many
 from leases.tasks.models import Job, PoolTask
 from leases.tasks.worker import JobWorker
-from tests.conftest import wait_for
+from tests.conftest import CONTEXT, wait_for
 from tests.helpers import drain_and_check, log_lines, pickup_seconds
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -147,15 +147,12 @@ def _hold_through(port, seconds, occupancy, lock, out):
 
 
 def test_leases_stay_exclusive_by_token_through_lost_replies(proxy, processes, queue):
-    from multiprocessing import get_context
-
     from leases import Pool
     from leases.models import Resource
 
     Pool("faulty").add_many([(name, None) for name in ("r0", "r1", "r2")])
     lost = proxy.drop_reply(r"^UPDATE \S+ SET busy_before", probability=0.05, seed=3)
-    ctx = get_context("fork")
-    occupancy, lock = ctx.Array("i", 3), ctx.Lock()
+    occupancy, lock = CONTEXT.Array("i", 3), CONTEXT.Lock()
     for _ in range(6):
         processes.start(_hold_through, proxy.port, 4.0, occupancy, lock, queue)
     results = [queue.get(timeout=90) for _ in range(6)]

@@ -196,7 +196,7 @@ class Retries(logging.Handler):
 
 
 def count_retries() -> Retries:
-    """Install a Retries counter on leases.db in this process (a forked child); each retry
+    """Install a Retries counter on leases.db in this process (a child process); each retry
     is a DEBUG line there."""
     counter = Retries()
     logger = logging.getLogger("leases.db")

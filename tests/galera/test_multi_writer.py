@@ -13,7 +13,6 @@ from __future__ import annotations
 import random
 import time
 from collections import Counter
-from multiprocessing import get_context
 
 import pytest
 from django.db import OperationalError, connections
@@ -24,18 +23,17 @@ from leases.locks import lock
 from leases.models import Lock, Resource
 from leases.tasks import Dispatcher, push_many
 from leases.tasks.models import Job, JobError, PoolTask
-from tests.conftest import Workers
+from tests.conftest import CONTEXT, Workers
 from tests.galera.conftest import count_retries, merge, node_port, node_url, retries_in
 from tests.helpers import log_lines
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 NODES = (1, 2, 3)
-ctx = get_context("fork")
 
 
 def on_node(n: int) -> None:
-    """Point this (forked) process's connection at node `n`."""
+    """Point this (child) process's connection at node `n`."""
     connections["default"].settings_dict.update(HOST="127.0.0.1", PORT=str(node_port(n)))
 
 
@@ -81,7 +79,7 @@ def _contend(n, names, seconds, occupancy, guard, out):
 def test_leases_stay_exclusive_by_token_with_acquirers_on_every_node(processes, queue, cluster, capsys):
     names = ["r0", "r1", "r2"]
     Pool("hot").add_many([(name, None) for name in names])
-    occupancy, guard = ctx.Array("i", len(names)), ctx.Lock()
+    occupancy, guard = CONTEXT.Array("i", len(names)), CONTEXT.Lock()
     before = cluster.conflicts()
     for n in NODES * 3:
         processes.start(_contend, n, names, 5.0, occupancy, guard, queue)
@@ -162,7 +160,7 @@ def _take_lock(n, seconds, inside, guard, out):
 
 
 def test_a_lock_has_one_holder_at_a_time_with_takers_on_every_node(processes, queue, cluster, capsys):
-    inside, guard = ctx.Value("i", 0), ctx.Lock()
+    inside, guard = CONTEXT.Value("i", 0), CONTEXT.Lock()
     before = cluster.conflicts()
     for n in NODES * 2:  # the first takers race to create the lock's row on different nodes
         processes.start(_take_lock, n, 4.0, inside, guard, queue)

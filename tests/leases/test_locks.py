@@ -5,13 +5,13 @@ import os
 import random
 import signal
 import time
-from multiprocessing import get_context
 
 import pytest
 
 from leases import LeaseLost, Locked, break_lock, db, lock, synchronized
 from leases.locks import _attempt, acquire_lock
 from leases.models import Lock
+from tests.conftest import CONTEXT
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -164,8 +164,7 @@ def _contend(seconds, occupancy, lock_, out):
 
 @pytest.mark.slow
 def test_mutual_exclusion_across_processes(processes, queue):
-    ctx = get_context("fork")
-    occupancy, guard = ctx.Value("i", 0), ctx.Lock()
+    occupancy, guard = CONTEXT.Value("i", 0), CONTEXT.Lock()
     for _ in range(6):
         processes.start(_contend, 2.5, occupancy, guard, queue)
     results = [queue.get(timeout=60) for _ in range(6)]

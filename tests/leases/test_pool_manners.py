@@ -1,6 +1,6 @@
 """Pools with manners: slots (several holders, each with its own lease), cool-down after a
 release, fair waiting in arrival order, and candidates that cost the same however large
-the pool. Concurrency claims with forked processes."""
+the pool. Concurrency claims with child processes."""
 from __future__ import annotations
 
 import json

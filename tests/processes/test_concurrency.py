@@ -1,4 +1,4 @@
-"""The lease rules that are about concurrency, with real processes (fork), SIGKILL and SIGSTOP."""
+"""The lease rules that are about concurrency, with real processes, SIGKILL and SIGSTOP."""
 from __future__ import annotations
 
 import os
@@ -12,6 +12,7 @@ import pytest
 from leases import LeaseLost, NoResourceAvailable, Pool, ResourceThread
 from leases.clock import db_now
 from leases.models import Resource
+from tests.conftest import CONTEXT
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -66,10 +67,7 @@ def test_adds_of_the_same_new_resources_racing_in_four_processes_all_succeed(pro
 def test_no_resource_is_ever_held_twice_under_contention(processes, queue):
     names = ["r0", "r1", "r2"]
     Pool("hot").add_many([(n, None) for n in names])
-    from multiprocessing import get_context
-
-    ctx = get_context("fork")
-    occupancy, lock = ctx.Array("i", len(names)), ctx.Lock()
+    occupancy, lock = CONTEXT.Array("i", len(names)), CONTEXT.Lock()
     for _ in range(8):
         processes.start(_contend, "hot", names, 3.0, occupancy, lock, queue)
     results = [queue.get(timeout=60) for _ in range(8)]
@@ -153,11 +151,9 @@ def _pause_then_renew(pool_name, out, resumed):
 
 
 def test_a_paused_holder_cannot_renew_or_release_after_another_took_over(processes, queue):
-    from multiprocessing import get_context
-
     pool = Pool("one")
     pool.add("only")
-    resumed = get_context("fork").Event()
+    resumed = CONTEXT.Event()
     child = processes.start(_pause_then_renew, "one", queue, resumed)
     assert queue.get(timeout=30)[0] == "acquired"
     os.kill(child.pid, signal.SIGSTOP)
@@ -197,12 +193,10 @@ def _skewed_client(pool_name, offset, out, step):
 
 @pytest.mark.parametrize("offset", [3600, -3600])
 def test_a_client_with_a_skewed_clock_can_neither_steal_nor_lose_a_lease(processes, queue, offset):
-    from multiprocessing import get_context
-
     pool = Pool("one")
     pool.add("only")
     mine = pool.acquire(ttl=30)
-    step = get_context("fork").Event()
+    step = CONTEXT.Event()
     child = processes.start(_skewed_client, "one", offset, queue, step)
     assert queue.get(timeout=30) == "refused"
     mine.release()

@@ -172,18 +172,19 @@ def test_sigterm_hands_jobs_longer_than_the_grace_back_to_the_queue(workers, tmp
     assert sorted(log_lines(log)) == [(0, other.pid), (1, other.pid)]
 
 
+def _collect_through_a_slow_signal() -> None:
+    from leases.tasks.worker import JobWorker
+
+    w = JobWorker(queues=["default"])
+    signal.signal(signal.SIGALRM, lambda *_: time.sleep(0.05))  # outlives the wait
+    signal.setitimer(signal.ITIMER_REAL, 0.04)
+    assert w._collect(wait=0.05) == []
+
+
 def test_a_signal_at_the_end_of_the_outcome_wait_does_not_freeze_the_loop(processes):
     """The soak found a worker that ignored SIGTERM for good: a signal handled as the wait for
     outcomes timed out left CPython 3.11's SimpleQueue.get(timeout) blocked forever."""
-    from leases.tasks.worker import JobWorker
-
-    def collect_through_a_slow_signal():
-        w = JobWorker(queues=["default"])
-        signal.signal(signal.SIGALRM, lambda *_: time.sleep(0.05))  # outlives the wait
-        signal.setitimer(signal.ITIMER_REAL, 0.04)
-        assert w._collect(wait=0.05) == []
-
-    child = processes.start(collect_through_a_slow_signal)
+    child = processes.start(_collect_through_a_slow_signal)
     child.join(10)
     assert child.exitcode == 0, "the wait for outcomes never returned"
 

@@ -331,14 +331,14 @@ def test_discard_older_than_reads_finished_jobs_by_when_they_finished():
 # -- wait -------------------------------------------------------------------------------
 
 
+def _work_later() -> None:
+    time.sleep(1)
+    work()
+
+
 def test_wait_exits_0_when_the_job_succeeds_meanwhile(processes):
     job = push("sleepy", {"seconds": 0.2})
-
-    def later() -> None:
-        time.sleep(1)
-        work()
-
-    processes.start(later)
+    processes.start(_work_later)
     started = time.monotonic()
     assert run("wait", str(job.pk)) == f"job #{job.pk} succeeded\n"
     assert 0.9 < time.monotonic() - started < 20

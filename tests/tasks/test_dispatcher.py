@@ -5,7 +5,6 @@ import os
 import random
 import signal
 import time
-from multiprocessing import get_context
 
 import pytest
 from django.db import connection
@@ -13,6 +12,7 @@ from django.db import connection
 from leases import Locked, lock
 from leases.tasks import Dispatcher
 from leases.tasks.models import DispatchWorker, PoolTask, TaskPool
+from tests.conftest import CONTEXT
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -231,10 +231,9 @@ def test_every_task_is_done_exactly_once_while_eight_workers_race_a_rebuilder(pr
     everything = [f"task-{i}" for i in range(1500)]
     d = Dispatcher("race", batch_size=500)
     d.recreate_task_pool({t: random.random() for t in everything[:750]})  # half now, all later
-    ctx = get_context("fork")
-    manager = ctx.Manager()
+    manager = CONTEXT.Manager()
     try:
-        done, guard, rebuilding = manager.dict(), manager.Lock(), ctx.Event()
+        done, guard, rebuilding = manager.dict(), manager.Lock(), CONTEXT.Event()
         rebuilding.set()
         processes.start(_rebuild, "race", everything, done, rebuilding, 4)
         for i in range(8):
