@@ -366,11 +366,11 @@ def outage(monkeypatch):
 
     real = db.run
 
-    def run(work, using=None, attempts=8):
+    def run(work, using=None, attempts=8, **options):
         if Outage.on:
             Outage.calls += 1
             raise REFUSED
-        return real(work, using, attempts)
+        return real(work, using, attempts, **options)
 
     monkeypatch.setattr(db, "run", run)
     return Outage
@@ -407,7 +407,7 @@ def test_acquire_says_no_resource_when_the_database_answered_last(pool, outage):
 def test_acquire_does_not_wait_out_errors_that_are_not_outages(pool, monkeypatch):
     calls = []
 
-    def broken(work, using=None, attempts=8):
+    def broken(work, using=None, attempts=8, **options):
         calls.append(1)
         raise OperationalError(1054, "Unknown column 'busy_before'")
 

@@ -172,13 +172,13 @@ def outage(monkeypatch):
 
     real = db.run
 
-    def run(work, using=None, attempts=8):
+    def run(work, using=None, attempts=8, **options):
         if Outage.hung.is_set():
             Outage.unblocked.wait(30)
         if Outage.on:
             Outage.calls += 1
             raise OperationalError(2003, "Can't connect to server on '127.0.0.1' (111)")
-        return real(work, using, attempts)
+        return real(work, using, attempts, **options)
 
     monkeypatch.setattr(db, "run", run)
     yield Outage
