@@ -141,8 +141,10 @@ class Hold:
                 cursor.execute(sql, (db.dialect(cursor.db).seconds(ttl), self.id, self.token, self.holder))
                 return cursor.rowcount == 1
 
-            # Past its deadline it is not surely ours, renewed or not: wait no longer.
-            if not db.run(work, self.using, until=self._deadline):
+            # Past its deadline it is not surely ours, renewed or not: wait no longer. A
+            # renewal sent after it asks the server, whose clock decides, as any other.
+            until = self._deadline if sent_at < self._deadline else None
+            if not db.run(work, self.using, until=until):
                 self.lost = True
                 raise LeaseLost(f"{self} (token {self.token}) expired or passed to another holder")
             self.ttl = ttl
