@@ -20,7 +20,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections import Counter, defaultdict
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -36,7 +36,15 @@ from leases.tasks.schedules import set_enabled
 from tests import pipes
 from tests.conftest import Workers, database_url, start_lease_run, wait_for
 from tests.galera.conftest import merge, retries_in
-from tests.galera.test_failover import WAIT_FOR_FILE, _drain, carry_on, errors_seen, outcomes_logged, summary
+from tests.galera.test_failover import (
+    WAIT_FOR_FILE,
+    _drain,
+    carry_on,
+    check_leases,
+    errors_seen,
+    outcomes_logged,
+    summary,
+)
 from tests.helpers import Child, log_lines
 from tests.pgha.conftest import Cluster, multi_host_url
 
@@ -224,30 +232,6 @@ def check_ticks(logs: dict[str, Path], may_repeat: bool) -> int:
     ran = len(logs["ticks"].read_text().splitlines())
     assert ran == len(fired) or (may_repeat and ran > len(fired)), (ran, len(fired))
     return len(fired)
-
-
-def check_leases(holder_events: list[list[dict]]) -> None:
-    """Each (resource, token) had one holder, no two holders' times overlapped, and each
-    holder still held a lease of its own at the end."""
-    held: dict[tuple[str, int], set[str]] = defaultdict(set)
-    spans: dict[tuple[str, int], list[float]] = {}
-    for events in holder_events:
-        for e in events:
-            if e["event"] == "state" and e["remaining"] > 0:
-                held[(e["name"], e["token"])].add(e["holder"])
-                span = spans.setdefault((e["name"], e["token"]), [e["t"], e["t"]])
-                span[1] = max(span[1], e["t"])
-    assert all(len(holders) == 1 for holders in held.values()), held
-    by_name: dict[str, list[tuple[float, float, int]]] = defaultdict(list)
-    for (name, token), (first, last) in spans.items():
-        by_name[name].append((first, last, token))
-    for name, found in by_name.items():
-        found.sort()
-        for (_, end, token), (begin, _, later) in zip(found, found[1:]):
-            assert end < begin and token < later, f"{name}: {token} held until {end}, {later} from {begin}"
-    final = {e["holder"] for events in holder_events for e in events[-3:]
-             if e["event"] == "state" and e["remaining"] > 0}
-    assert len(final) == len(holder_events)
 
 
 def lost_commits(writer_events: list[dict]) -> int:
