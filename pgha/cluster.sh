@@ -116,7 +116,7 @@ start_etcd() {
     --listen-client-urls "http://127.0.0.1:$ETCD_PORT" --advertise-client-urls "http://127.0.0.1:$ETCD_PORT" \
     --listen-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" \
     --initial-advertise-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" \
-    --initial-cluster "pgha=http://127.0.0.1:$ETCD_PEER_PORT" \
+    --initial-cluster "pgha=http://127.0.0.1:$ETCD_PEER_PORT" --enable-v2 \
     --quota-backend-bytes 268435456 </dev/null >>"$DIR/etcd.log" 2>&1 &
   echo $! >"$DIR/etcd.pid"
   wait_until 20 "etcd" curl -sf "http://127.0.0.1:$ETCD_PORT/health" -o /dev/null \
@@ -271,7 +271,8 @@ cmd_down() {
   pid=$(haproxy_pid)
   [ -n "$pid" ] && stop_pid "$pid" 5
   # Killed outright: the data is thrown away next, so a clean shutdown buys nothing.
-  for n in "${NODES[@]}"; do kill_node "$n" 2>/dev/null || true; done
+  # In a subshell: kill_node dies (exits) on a node that is not running.
+  for n in "${NODES[@]}"; do (kill_node "$n") 2>/dev/null || true; done
   pid=$(etcd_pid)
   [ -n "$pid" ] && stop_pid "$pid" 5
   rm -rf "$DIR"
