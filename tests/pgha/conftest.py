@@ -79,7 +79,8 @@ class Cluster:
         return out
 
     def start(self, n: int) -> None:
-        self.run("start", str(n))
+        """Start node N again; through a file, as the servers it starts keep its output open."""
+        self.finish(self.begin("start", str(n)))
 
     def mode(self, mode: str) -> None:
         self.run("mode", mode)
