@@ -18,7 +18,6 @@ import subprocess
 import time
 from datetime import datetime
 
-import psycopg
 import pytest
 from django.db import InterfaceError, OperationalError
 
@@ -114,6 +113,8 @@ def stall(cluster: Cluster, old: int) -> dict[str, float]:
 
 def still_primary(n: int) -> bool:
     """Whether node `n` takes writes: a woken leader does until it demotes itself."""
+    import psycopg  # only where the cluster runs: the suite's other databases need no driver
+
     try:
         with psycopg.connect(host="127.0.0.1", port=NODE_PORTS[n - 1], user="postgres", dbname="postgres",
                              connect_timeout=2) as conn:
