@@ -43,7 +43,10 @@ def _child(target, args, kwargs, databases, changed):
     """In the child: the test databases (the fork server read the settings before they
     were made) and the test's settings, then the target."""
     for alias, entry in databases.items():
-        settings.DATABASES[alias].update(entry)  # the dicts connections.settings holds too
+        if alias in settings.DATABASES:
+            settings.DATABASES[alias].update(entry)  # the dicts connections.settings holds too
+        else:  # an alias a fixture added while the tests ran (tests.galera's node1, node2)
+            connections.settings[alias] = entry
     override_settings(**changed).enable()
     try:
         target(*args, **kwargs)
