@@ -97,10 +97,11 @@ def clients(manage, child_env, tmp_path):
             pass
 
 
-def start_clients(clients: dict, manage: list[str], url: str, logs: dict[str, Path]) -> dict:
+def start_clients(clients: dict, manage: list[str], url: str, logs: dict[str, Path],
+                  worker_ttl: float = WORKER_TTL) -> dict:
     """The pools, the queue's jobs, the pipeline runs and the schedule, then every client
-    on `url`: two workers, three ResourceThread holders, an AsyncHolder, a lease run and
-    the writer."""
+    on `url`: two workers (whose ttl must outlast the fault), three ResourceThread
+    holders, an AsyncHolder, a lease run and the writer."""
     env = {**clients["env"], "DATABASE_URL": url}
     clients["workers"].env = env
     Pool(POOL).add_many([(f"p{i}", None) for i in range(6)])
@@ -110,7 +111,7 @@ def start_clients(clients: dict, manage: list[str], url: str, logs: dict[str, Pa
         pipes.three.start(context={"log": str(logs["pipelines"]), "nap": 0.05})
     schedule(TICK, "noop", every=1, payload={"n": 0, "log": str(logs["ticks"])})
     found = {"workers": [clients["workers"].start("--queue", "default", "--concurrency", "4",
-                                                  "--ttl", str(WORKER_TTL), "-v", "2") for _ in range(2)]}
+                                                  "--ttl", str(worker_ttl), "-v", "2") for _ in range(2)]}
     module = [sys.executable, "-m"]
     found["holders"] = [Child([*module, "tests.galera.holder", POOL, str(HOLDER_TTL)], env) for _ in range(3)]
     found["async"] = Child([*module, "tests.pgha.async_holder", POOL, str(HOLDER_TTL)], env)

@@ -133,7 +133,9 @@ def test_a_stopped_leader_holds_no_client(cluster, clients, manage, tmp_path, ca
     base = database_url() + "?" if route == "haproxy" else multi_host_url() + "&"
     url = f"{base}read_timeout={READ_TIMEOUT}"
     logs = {name: tmp_path / f"{name}.log" for name in ("jobs", "pipelines", "ticks")}
-    found = failover.start_clients(clients, manage, url, logs)
+    # A worker's heartbeat waits out the stall's read deadline, the failover and, through a
+    # host list, a connect timeout on the stopped node: up to about 20 s.
+    found = failover.start_clients(clients, manage, url, logs, worker_ttl=40.0)
     failover.warm_up()
     old = cluster.leader()
     at = stall(cluster, old)
