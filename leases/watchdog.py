@@ -41,7 +41,7 @@ class Watch:
     the driver's connection and socket as the unit began (mysqlclient answers `fileno()`
     on the thread using the connection only)."""
 
-    __slots__ = ("connection", "until", "thread", "timeout", "raw", "fd")
+    __slots__ = ("connection", "fd", "raw", "thread", "timeout", "until")
 
     def __init__(self, connection: BaseDatabaseWrapper, until: float, timeout: float) -> None:
         self.connection = connection

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def run(manage, env, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([*manage, *args], env=env, capture_output=True, text=True, timeout=180)
+    return subprocess.run([*manage, *args], env=env, capture_output=True, text=True, check=False, timeout=180)
 
 
 def databases(manage, env) -> list[str]:

@@ -35,7 +35,7 @@ async def main(pool: str, ttl: float) -> None:
                 remaining=lease.remaining() if holder.held else 0.0, alive=True)
             try:
                 await asyncio.wait_for(stop.wait(), 0.1)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
     say(event="stopped")
 

@@ -45,7 +45,7 @@ class Cluster:
     """pgha/cluster.sh from the tests: kills, restarts, switchovers, the cluster's state."""
 
     def run(self, *args: str, timeout: float = 180) -> str:
-        result = subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout)
+        result = subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, check=False, timeout=timeout)
         if result.returncode != 0:
             pytest.fail(f"cluster.sh {' '.join(args)} failed:\n{result.stdout}{result.stderr}")
         return result.stdout

@@ -290,7 +290,7 @@ def failover(cluster: Cluster, clients: dict, manage: list[str], tmp_path: Path,
     if not may_repeat:
         assert facts["acknowledged commits lost"] == 0
     members = cluster.status()
-    assert re.search(rf"^node{old}  (replica|sync_standby) +running", members, re.M), members  # rejoined
+    assert re.search(rf"^node{old}  (replica|sync_standby) +running", members, re.MULTILINE), members  # rejoined
     facts["leader"] = f"node{old} -> node{cluster.leader()}"
 
     measured = measure(fault_at, seen, renewals)

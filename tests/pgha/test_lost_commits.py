@@ -44,7 +44,7 @@ def new_leader(old: int, timeout: float = 60) -> int:
     """The node that took over from `old`, once HAProxy sends writes to it."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        found = subprocess.run(["bash", str(SCRIPT), "leader"], capture_output=True, text=True)
+        found = subprocess.run(["bash", str(SCRIPT), "leader"], capture_output=True, text=True, check=False)
         if found.returncode == 0 and found.stdout.strip() not in ("", str(old)):
             try:
                 if not db.run(lambda cursor, resumed: read_only(cursor)):

@@ -47,7 +47,7 @@ LONGEST_GAP = 30.0
 DEMOTED_WITHIN = 150.0
 
 RAN_OUT = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) WARNING leases[.\w]*: .* ran out while renewal failed",
-                     re.M)
+                     re.MULTILINE)
 
 
 def briefly(read, default=None):
@@ -61,13 +61,13 @@ def briefly(read, default=None):
 
 def leader_now() -> int | None:
     """The leader by Patroni's REST API (None while there is none)."""
-    found = subprocess.run(["bash", str(SCRIPT), "leader"], capture_output=True, text=True, timeout=30)
+    found = subprocess.run(["bash", str(SCRIPT), "leader"], capture_output=True, text=True, check=False, timeout=30)
     return int(found.stdout) if found.returncode == 0 else None
 
 
 def haproxy_view() -> dict[str, str]:
     """{node: UP or DOWN} as HAProxy's checks of Patroni's GET /primary have it."""
-    return dict(re.findall(r"^  (node\d) (\w+),", Cluster().status(), re.M))
+    return dict(re.findall(r"^  (node\d) (\w+),", Cluster().status(), re.MULTILINE))
 
 
 def stall(cluster: Cluster, old: int) -> dict[str, float]:
@@ -100,7 +100,7 @@ def stall(cluster: Cluster, old: int) -> dict[str, float]:
     while time.monotonic() < deadline:
         if "demoted" not in at and not still_primary(old):
             at["demoted"] = time.time()
-        if re.search(rf"^node{old}  (replica|sync_standby) +running", cluster.status(), re.M):
+        if re.search(rf"^node{old}  (replica|sync_standby) +running", cluster.status(), re.MULTILINE):
             at.setdefault("demoted", time.time())
             at["rejoined"] = time.time()
             break
