@@ -55,8 +55,10 @@ POOL, RUN_POOL, ACKED_QUEUE, TICK = "pgha-proxies", "pgha-run", "pgha-acked", "p
 #: The holders' ttl is shorter than a failover (they lose their leases and take others
 #: once the new primary answers); `lease run` cannot take another resource when its
 #: lease runs out (it stops its command), so its ttl outlasts the failover (8 to 11 s); so
-#: does a worker's, else the others find it lost meanwhile and run its jobs again.
-HOLDER_TTL, RUN_TTL, WORKER_TTL = 3.0, 25.0, 20.0
+#: does a worker's, else the others find it lost meanwhile and run its jobs again. Its
+#: heartbeat comes every third of its ttl, so its jobs have two thirds left at the fault:
+#: 20 s left them 13 s, too close to a failover slowed by a busy machine.
+HOLDER_TTL, RUN_TTL, WORKER_TTL = 3.0, 25.0, 30.0
 JOBS, RUNS, WIDTH, STAGES = 2500, 15, 5, 3
 #: How long the killed node stays dead: past the failover, so the clients carry on
 #: without it, then it is started again and must rejoin as a replica under load.
