@@ -11,6 +11,18 @@ from leases.pipelines import Pipeline, Stage, cancelled
 from leases.tasks import Fail, Needs, handler
 
 
+def drain(concurrency: int = 4) -> None:
+    """Run the queue's jobs in this process until none is left."""
+    from leases.tasks.worker import JobWorker
+
+    JobWorker(queues=["default"], concurrency=concurrency, burst=True, poll=0.01).run()
+
+
+def stages(run) -> dict:
+    """A run's stages by name."""
+    return {stage.name: stage for stage in run.stages.all()}
+
+
 def _record(payload: dict, name: str) -> None:
     path = payload["context"].get("log")
     if path:
