@@ -12,7 +12,6 @@ import time
 import pytest
 from django.db import connection
 
-import tests.pipes as pipes
 from leases import db
 from leases.clock import db_now
 from leases.pipelines import Pipeline, Stage, machine, payload
@@ -22,6 +21,7 @@ from leases.tasks import queue as jobqueue
 from leases.tasks import registry
 from leases.tasks.models import Job
 from leases.tasks.worker import JobWorker
+from tests import pipes
 from tests.pipes import drain, stages
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("fresh_queue_settings")]

@@ -14,7 +14,6 @@ from django.db import connection
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import tests.pipes as pipes
 from leases import db
 from leases.exceptions import UnknownHandler
 from leases.pipelines import Pipeline, Stage, machine, signals
@@ -23,6 +22,7 @@ from leases.pipelines.models import Run, StageRun, TaskRun
 from leases.tasks import registry
 from leases.tasks.models import Job
 from leases.tasks.worker import JobWorker
+from tests import pipes
 from tests.pipes import drain, stages
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("fresh_queue_settings")]
