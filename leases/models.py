@@ -6,6 +6,7 @@ from datetime import datetime, timezone
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import models
 
+from .choices import VerdictKind
 from .validation import POOL_NAME_LENGTH, RESOURCE_NAME_LENGTH, TARGET_LENGTH
 
 #: busy_before of a resource nobody has held yet: long past, so it is free.
@@ -101,6 +102,36 @@ class ResourceTarget(models.Model):
             if until is not None and until > now:
                 return state
         return "usable"
+
+
+class Verdict(models.Model):
+    """One line of the history of what targets said of a resource: a ban or a rest, with
+    who said it (a spider's or a job's holder; `job` when a job of the queue did), and the
+    operators' lifts. `ResourceTarget` holds what is in force; this keeps how it came to
+    be, so "why is site X stuck?" and "which bans did job #45 meet?" have answers after the
+    fact. Paces are not logged: one comes with every start."""
+
+    pool = models.CharField(max_length=POOL_NAME_LENGTH)
+    name = models.CharField(max_length=RESOURCE_NAME_LENGTH)
+    target = models.CharField(max_length=TARGET_LENGTH)
+    kind = models.CharField(max_length=4, choices=VerdictKind.choices)
+    reason = models.CharField(max_length=255, blank=True, default="")
+    until = models.DateTimeField(null=True, blank=True, help_text="When the ban or rest ends; none for a lift.")
+    at = models.DateTimeField()
+    holder = models.CharField(max_length=HOLDER_LENGTH, blank=True, default="", help_text="Who said it.")
+    job = models.BigIntegerField(null=True, blank=True, help_text="The job of the queue whose attempt said it.")
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["pool", "target", "at"], name="leases_verdict_target"),
+            models.Index(fields=["pool", "name", "at"], name="leases_verdict_resource"),
+            models.Index(fields=["job"], name="leases_verdict_job"),
+            models.Index(fields=["at"], name="leases_verdict_at"),  # pruning
+        ]
+        ordering = ["-at", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.pool}/{self.name} {self.get_kind_display()} for {self.target}"
 
 
 class Waiter(models.Model):

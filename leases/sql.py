@@ -17,6 +17,7 @@ from typing import Any
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from . import db
+from .choices import VerdictKind
 
 #: A resource row ({t}) that its target (the parameter) does not refuse now: no ban, rest
 #: or pace of leases.targets, a probe of the unique (pool, target, name) index.
@@ -169,18 +170,67 @@ TARGET = {
         "SELECT name, banned_until, rested_until, next_start_at FROM {t} WHERE pool = %s AND target = %s"
         " AND (banned_until > {now} OR rested_until > {now} OR next_start_at > {now}) AND name IN ("
     ),
-    # A lift ends a ban and a rest (not the pace). params: pool, name, then target twice
-    # ("" for every target)
+    # A line of the verdict log, in the verdict's transaction.
+    # params: pool, name, target, kind, reason, seconds, holder, job
+    "log": (
+        "INSERT INTO {v} (pool, name, target, kind, reason, until, at, holder, job)"
+        " VALUES (%s, %s, %s, %s, %s, {later}, {now}, %s, %s)"
+    ),
+    # The last line of a resource's log for a target: a read of the (pool, name, at) index.
+    # params: pool, name, target
+    "last_said": (
+        "SELECT kind, holder FROM {v} WHERE pool = %s AND name = %s AND target = %s ORDER BY at DESC, id DESC LIMIT 1"
+    ),
+    # The bans and rests in force of one resource, of one target's resources, or of one
+    # target on one resource ("" for any), locked in id order before a lift: a read of the
+    # (pool, name) index or of the unique (pool, target, name) one.
+    # params: pool, name twice, target twice
+    "in_force": (
+        "SELECT id, name, target FROM {t} WHERE pool = %s AND (name = %s OR %s = '') AND (target = %s OR %s = '')"
+        " AND (banned_until > {now} OR rested_until > {now}) ORDER BY id{for_update}"
+    ),
+    # A lift ends a ban and a rest (not the pace) of the rows "in_force" locked; completed
+    # with their ids.
     "lift": (
         "UPDATE {t} SET banned_until = NULL, ban_reason = '', rested_until = NULL, updated_at = {now}"
-        " WHERE pool = %s AND name = %s AND (target = %s OR %s = '')"
-        " AND (banned_until > {now} OR rested_until > {now})"
+        " WHERE (banned_until > {now} OR rested_until > {now}) AND id IN ("
+    ),
+    # params: pool, name, target, reason, holder
+    "log_lift": (
+        "INSERT INTO {v} (pool, name, target, kind, reason, until, at, holder, job)"
+        " VALUES (%s, %s, %s, {kind.lift}, %s, NULL, {now}, %s, NULL)"
+    ),
+    # How a pool's slots stand, for operators: slots, resources, quarantined, held and
+    # cooling, and when the first quarantine and cool-down end. params: pool
+    "slots": (
+        "SELECT COUNT(*), COUNT(DISTINCT name),"
+        " COALESCE(SUM(CASE WHEN quarantined_until > {now} THEN 1 ELSE 0 END), 0),"
+        " COALESCE(SUM(CASE WHEN busy_before > {now} AND holder <> '' AND (quarantined_until IS NULL"
+        " OR quarantined_until <= {now}) THEN 1 ELSE 0 END), 0),"
+        " COALESCE(SUM(CASE WHEN busy_before > {now} AND holder = '' AND (quarantined_until IS NULL"
+        " OR quarantined_until <= {now}) THEN 1 ELSE 0 END), 0),"
+        " MIN(CASE WHEN quarantined_until > {now} THEN quarantined_until END),"
+        " MIN(CASE WHEN busy_before > {now} AND holder = '' AND (quarantined_until IS NULL"
+        " OR quarantined_until <= {now}) THEN busy_before END)"
+        " FROM {r} WHERE pool = %s"
+    ),
+    # The free slots a target refuses now, per resource, with why: the target's rows in
+    # force (a read of the unique index's (pool, target) prefix), each joined to its free
+    # slots. params: pool, target
+    "refused": (
+        "SELECT g.name, COUNT(r.id), g.banned_until, g.rested_until, g.next_start_at, g.ban_reason FROM {t} g"
+        " JOIN {r} r ON r.pool = g.pool AND r.name = g.name AND r.busy_before <= {now}"
+        " WHERE g.pool = %s AND g.target = %s"
+        " AND (g.banned_until > {now} OR g.rested_until > {now} OR g.next_start_at > {now})"
+        " GROUP BY g.name, g.banned_until, g.rested_until, g.next_start_at, g.ban_reason"
     ),
     # Rows all of whose times passed long ago. params: -seconds
     "forget": (
         "DELETE FROM {t} WHERE updated_at < {later} AND (banned_until IS NULL OR banned_until < {now})"
         " AND (rested_until IS NULL OR rested_until < {now}) AND (next_start_at IS NULL OR next_start_at < {now})"
     ),
+    # Lines of the verdict log older than that. params: -seconds
+    "forget_log": "DELETE FROM {v} WHERE at < {later}",
 }
 
 
@@ -249,7 +299,8 @@ CLOCK = {"now": "SELECT {now}"}
 register("resource", RESOURCE, {"t": "leases.Resource", "w": "leases.Waiter", "g": "leases.ResourceTarget"})
 register("lock", LOCK, {"t": "leases.Lock"})
 register("clock", CLOCK, {})
-register("target", TARGET, {"t": "leases.ResourceTarget"})
+register("target", TARGET, {"t": "leases.ResourceTarget", "v": "leases.Verdict", "r": "leases.Resource"},
+         {"kind": VerdictKind})
 
 
 def statements(connection: BaseDatabaseWrapper, kind: str = "resource") -> SimpleNamespace:

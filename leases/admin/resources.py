@@ -324,7 +324,8 @@ class ResourceAdmin(OnDatabase, admin.ModelAdmin):
 
     @admin.action(description="Lift selected resources' per-target bans and rests", permissions=["change"])
     def lift_selected(self, request, queryset):
-        self._each(request, queryset, lambda p, n: targets.lift(p.name, n, using=p.using) > 0 or False,
+        self._each(request, queryset, lambda p, n: bool(targets.lift(p.name, n, using=p.using,
+                                                                     by=f"admin: {request.user.get_username()}")),
                    "Lifted per-target bans of", "banned by no target")
 
 

@@ -108,3 +108,17 @@ def elapsed(start: datetime | None, end: datetime | None, now: datetime | None) 
     when it has not started."""
     stop = end or now
     return span((stop - start).total_seconds()) if start and stop else ""
+
+
+def standing_cells(standing: Any) -> list[str]:
+    """A `leases.targets.Standing` as table cells: USABLE (of the slots), NOT USABLE (how
+    many for each reason), NEXT USABLE (when the first refused slot comes back, and why)."""
+    usable = f"{standing.usable}{'+' if standing.partial else ''}/{standing.slots}"
+    reasons = ", ".join(f"{count} {words}" for words, count in standing.counts()) or "-"
+    if not standing.blocked:
+        coming = "now"
+    elif standing.next_at is not None:
+        coming = f"{ago(standing.next_at, standing.now)} ({standing.next_why})"
+    else:
+        coming = "when a holder lets go" if standing.held else "-"
+    return [usable, reasons, coming]

@@ -64,7 +64,7 @@ from leases.ops.readings import WINDOW, needs
 from leases.sql import in_list
 
 from . import registry, sql
-from .jobs import counts, leasing
+from .jobs import counts, waits
 from .models import DispatchWorker, Job, PoolTask, Queue, TaskPool
 
 #: One colour per queue in the depth charts, busiest first; the last is for the rest.
@@ -356,12 +356,14 @@ def suspended_jobs(using: str) -> Panel:
 
 
 def waiting_for_resources(using: str) -> Panel:
-    """Jobs due and waiting for a resource, per pool, and why (jobs.leasing.waiting)."""
-    rows = [Row(wait.pool, [("waiting", ORANGE, wait.due)], f"{wait.due:,} due · {wait.reason}")
-            for wait in leasing.waiting(using, every=True)]
+    """Jobs due and waiting for a resource, per pool and target, and why (jobs.waits)."""
+    rows = [Row(f"{wait.pool} · {wait.target}" if wait.target else wait.pool, [("waiting", ORANGE, wait.due)],
+                f"{wait.due:,} due · {wait.reason}")
+            for wait in waits.waiting(using)]
     if not rows:
         return Panel("Jobs waiting for a resource", nothing("No job waits for a resource."))
-    return Panel("Jobs waiting for a resource", rows_chart(f"Due jobs of {len(rows)} pool(s)", rows, shares=False))
+    return Panel("Jobs waiting for a resource", rows_chart(f"Due jobs of {len(rows)} pool(s) and target(s)", rows,
+                                                           shares=False))
 
 
 @needs(VIEW_DISPATCHERS)
@@ -410,8 +412,8 @@ def resource_job_metrics(now: datetime, using: str) -> Iterator[Any]:
 
     family = GaugeMetricFamily("leases_jobs_waiting_for_resource",
                                "Due jobs that wait for a free resource of their pool.", labels=["pool"])
-    for wait in leasing.waiting(using, every=True):
-        family.add_metric([wait.pool], wait.due)
+    for pool, due in sorted(waits.due_per_pool(using).items()):
+        family.add_metric([pool], due)
     yield family
 
 

@@ -182,15 +182,16 @@ def test_an_event_for_a_sleeping_job_is_kept_and_does_not_wake_it():
     (("send-event", "WAITING", "x" * (EVENT_NAME_LENGTH + 1)),
      f"event name is longer than {EVENT_NAME_LENGTH} characters"),
     (("send-event", "WAITING", "ap\u200bproved"), "must not contain control or invisible characters"),
-    (("send-event", "approved"), "send-event: give the job's id or --key, one of them"),
-    (("send-event", "WAITING", "approved", "--key", "order-1"), "send-event: give the job's id or --key"),
+    (("send-event", "approved"), "send-event: give the job's id (jobs send-event JOB EVENT) or --key KEY"),
+    (("send-event", "WAITING"), "send-event: the event's name is missing (jobs send-event WAITING EVENT)"),
+    (("send-event", "WAITING", "approved", "--key", "order-1"), "send-event: give the job's id or --key, not both"),
     (("send-event", "abc", "approved"), "a job id is a whole number from 1 to"),
 ])
 def test_send_event_bad_input_is_one_line_exit_2_and_writes_nothing(args, message):
     waiting = suspended("ops.approve", {"n": 1}, key="order-1")
     done = ended({"n": 2}, key="done-1")
     args = [arg.replace("ENDED", str(done.pk)).replace("WAITING", str(waiting.pk)) for arg in args]
-    message = message.replace("ENDED", str(done.pk))
+    message = message.replace("ENDED", str(done.pk)).replace("WAITING", str(waiting.pk))
     before = written()
     assert message in fails(*args)
     assert written() == before

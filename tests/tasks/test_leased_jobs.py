@@ -142,7 +142,7 @@ def test_a_rest_rests_the_resource_for_its_target_after_the_job():
     found = targets.unusable_now("proxies", "a.example", ["p1"])
     assert found["p1"].why == "rested"
     assert not targets.unusable_now("proxies", "b.example", ["p1"])
-    assert targets.lift("proxies", "p1") == 1
+    assert targets.lift("proxies", "p1") == [("p1", "a.example")]
     assert not targets.unusable_now("proxies", "a.example", ["p1"])
 
 

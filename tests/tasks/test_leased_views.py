@@ -45,8 +45,11 @@ def test_commands_show_the_pairing_and_a_pools_waiting_jobs(running):
     shown = out("jobs", "show", str(job.id))
     assert "target" in shown and "a.example" in shown and f"proxies/p1 token {resource.token}" in shown
     assert f"job #{job.id} (" in out("lease", "list", "proxies")
-    stats = out("jobs", "stats")
-    assert "pool proxies: 1 due job(s) wait for a resource (1 resources, 0 free, 0 quarantined)" in stats
+    stats = out("jobs", "stats").splitlines()
+    at = stats.index("due jobs that need a resource:")
+    assert stats[at + 1].split() == ["POOL", "TARGET", "DUE", "USABLE", "NOT", "USABLE", "NEXT", "USABLE"]
+    assert stats[at + 2].split() == ["proxies", "a.example", "1", "0/1", "1", "held", "when", "a", "holder", "lets",
+                                     "go"]
 
 
 def test_the_admin_shows_the_pairing_and_lifts_per_target_bans(admin_client, running):
@@ -54,7 +57,8 @@ def test_the_admin_shows_the_pairing_and_lifts_per_target_bans(admin_client, run
     page = admin_client.get(reverse("admin:leases_tasks_job_change", args=[job.id])).content.decode()
     assert "proxies/p1" in page and f"token {resource.token}" in page and "a.example" in page
     waiting = admin_client.get(reverse("admin:leases_tasks_job_change", args=[running["second"].pk])).content
-    assert b"nothing yet: it is claimed only together with a free resource of its pool (none of its 1" in waiting
+    assert (b"nothing yet: it is claimed only together with a free resource of its pool (0 of 1 resources usable"
+            b" for a.example: 1 held; the next when a holder lets go)") in waiting
     targets.ban("proxies", "p1", "b.example", 600, reason="403 at b")
     page = admin_client.get(reverse("admin:leases_resource_change", args=[resource.pk])).content.decode()
     assert f"job #{job.id}</a>" in page and "b.example: banned until" in page and "403 at b" in page

@@ -32,7 +32,7 @@ from leases.ops.adminkit import (
 from leases.ops.masking import mask_secrets, mask_task_call, mask_text
 
 from .. import registry
-from ..jobs import actions, leasing
+from ..jobs import actions, waits
 from ..jobs.recovery import recover_lapsed
 from ..jobs.steps import waiting
 from ..models import Job, JobError, JobEvent, JobStep, LimitKey, Queue
@@ -369,9 +369,8 @@ class JobAdmin(ReadOnly):
     def held_resource(self, obj: Job) -> str:
         """The resource and fencing token its running attempt holds, linked to its page."""
         if obj.status in Job.WAITING:
-            why = next((wait.reason for wait in leasing.waiting(self.using, every=True) if wait.pool == obj.pool), "")
-            return "nothing yet: it is claimed only together with a free resource of its pool" + (
-                f" ({why})" if why else "")
+            why = waits.of_job(obj, self.using).summary()
+            return f"nothing yet: it is claimed only together with a free resource of its pool ({why})"
         if obj.status != Job.RUNNING or obj.resource_id is None:
             return EMPTY
         resource = Resource.objects.using(self.using).filter(pk=obj.resource_id).first()

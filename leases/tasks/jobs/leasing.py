@@ -25,7 +25,6 @@ turns with another's 10.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
@@ -33,7 +32,7 @@ from typing import Any, Protocol
 from leases import db, targets
 from leases.encoding import load_json
 from leases.lease import job_holder
-from leases.sql import in_list, statements
+from leases.sql import in_list
 
 from .. import registry, sql
 from ..context import JobLease
@@ -114,8 +113,6 @@ def claim_pool(cursor: Any, worker: str, pool: str, queues: Sequence[str], limit
     if not rows:
         return []
     pairs = _pair(cursor, pool, rows, limit)
-    if len(pairs) < min(limit, len(rows)):
-        _passed_over[pool] = time.monotonic()
     if not pairs:
         return []
     floor = _take_slots(cursor, worker, pairs, ttl)
@@ -315,60 +312,3 @@ def release_handed_back(cursor: Any, worker: str, keep: Sequence[int]) -> None:
     release(cursor, [JobLease(pool="", name="", slot=0, data=None, token=token, id=resource_id,
                               holder=_holder(worker, job_id))
                      for resource_id, token, job_id in cursor.fetchall() if job_id not in keep], 0.0)
-
-
-@dataclass(frozen=True)
-class PoolWait:
-    """A pool whose jobs wait: how many are due, and its slots by state (for operators)."""
-
-    pool: str
-    due: int
-    slots: int
-    free: int
-    quarantined: int
-
-    @property
-    def reason(self) -> str:
-        if not self.slots:
-            return "the pool has no resources"
-        if not self.free:
-            return f"none of its {self.slots} resources is free" + (
-                f" ({self.quarantined} quarantined)" if self.quarantined else "")
-        return f"{self.free} of {self.slots} free, none usable by them (filter, per-target bans or pace)"
-
-
-#: When this process's claims last passed over due jobs of a pool although slots were
-#: free (a filter, a ban, a pace): only then is "none usable by them" the reason.
-_passed_over: dict[str, float] = {}
-#: Seconds such a pass-over counts.
-PASSED_OVER_FOR = 60.0
-
-
-def waiting(using: str, every: bool = False) -> list[PoolWait]:
-    """The pools with jobs due and waiting for a resource, and why: none free, or none
-    usable by them (a grouped read of the ready rows of the claim index, and a pool's
-    slots counted by the base app). `every`: each pool with due jobs, whatever the reason."""
-
-    def work(cursor: Any, resumed: bool) -> list[tuple[str, int]]:
-        cursor.execute(sql.leasing(cursor.db).due_per_pool, ())
-        return cursor.fetchall()
-
-    found: dict[str, int] = {}
-    for pool, count in db.run(work, using):
-        found[pool] = found.get(pool, 0) + count
-    waits = []
-    recent = time.monotonic() - PASSED_OVER_FOR
-    for pool, due in sorted(found.items()):
-        total, quarantined, held, cooling = _slots(pool, using)
-        free = total - quarantined - held - cooling
-        if every or not free or _passed_over.get(pool, 0.0) > recent:
-            waits.append(PoolWait(pool, due, total, free, quarantined))
-    return waits
-
-
-def _slots(pool: str, using: str) -> tuple[int, int, int, int]:
-    def work(cursor: Any, resumed: bool) -> tuple:
-        cursor.execute(statements(cursor.db).stats, (pool,))
-        return cursor.fetchone()
-
-    return tuple(int(value or 0) for value in db.run(work, using))

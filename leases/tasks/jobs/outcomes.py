@@ -209,10 +209,12 @@ def _release(cursor: Any, ended: list[Outcome]) -> None:
         if outcome.banned is not None:
             seconds = outcome.banned.seconds if outcome.banned.seconds is not None else (
                 needs.ban_for if needs is not None else BAN_FOR)
-            targets.verdict(cursor, "ban", lease.pool, lease.name, job.target, seconds, outcome.banned.reason)
+            targets.verdict(cursor, "ban", lease.pool, lease.name, job.target, seconds, outcome.banned.reason,
+                            holder=lease.holder, job=job.id)
         resting = getattr(job.context, "resting", None)
         if resting:
-            targets.verdict(cursor, "rest", lease.pool, lease.name, job.target, resting)
+            targets.verdict(cursor, "rest", lease.pool, lease.name, job.target, resting, holder=lease.holder,
+                            job=job.id)
         cooldown = needs.cooldown if needs is not None and outcome.banned is None else 0.0
         by_cooldown.setdefault(cooldown, []).append(lease)
     for cooldown, leases in sorted(by_cooldown.items()):

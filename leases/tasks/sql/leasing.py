@@ -81,9 +81,10 @@ LEASING = {
         "INSERT INTO {p} (pool, queue, target, last_turn) VALUES (%s, %s, %s, %s) {upsert[pool, queue, target]}"
         " last_turn = CASE WHEN {p}.last_turn > {new[last_turn]} THEN {p}.last_turn ELSE {new[last_turn]} END"
     ),
-    # Jobs due and waiting for each pool (a read of the ready rows of the claim index).
-    "due_per_pool": (
-        "SELECT pool, COUNT(*) FROM {j} WHERE status = {job.ready} AND pool <> '' AND run_at <= {now}"
-        " GROUP BY pool"
+    # Jobs due and waiting for a resource, by pool, target and handler (a read of the
+    # ready rows of the claim index).
+    "due_per_target": (
+        "SELECT pool, target, name, backend, COUNT(*) FROM {j} WHERE status = {job.ready} AND pool <> ''"
+        " AND run_at <= {now} GROUP BY pool, target, name, backend"
     ),
 }

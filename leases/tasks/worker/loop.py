@@ -31,7 +31,7 @@ from leases.validation import check_seconds
 
 from .. import registry
 from ..jobs import claim as claims
-from ..jobs import counts, handoff, history, leasing, limits, outcomes, recovery, steps
+from ..jobs import counts, handoff, history, leasing, limits, outcomes, recovery, steps, waits
 from ..jobs.claim import ClaimedJob
 from ..jobs.outcomes import Outcome, describe, failed
 from ..jobs.queues import SETTINGS_TTL, all_queues
@@ -579,12 +579,12 @@ class JobWorker:
         blocked = limits.unblock_pass(self.using)
         now = time.monotonic()
         if now >= self._next_limit_log:
-            waits = leasing.waiting(self.using) if self.pools else []
-            if blocked or waits:
+            stuck = waits.waiting(self.using, every=False, pools=self.pools) if self.pools else []
+            if blocked or stuck:
                 self._next_limit_log = now + LIMIT_LOG_EVERY
             if blocked:
                 report.keys_at_limit(self.name, blocked)
-            for wait in waits:
+            for wait in stuck:
                 report.pool_waiting(self.name, wait)
         return total
 

@@ -114,7 +114,8 @@ def _bounced(worker: str, outcome: Outcome, what: str, grace: float, fields: dic
 
 
 def pool_waiting(worker: str, wait: Any) -> None:
-    """Jobs of a pool wait for a resource, and why (one line a pool, now and then)."""
+    """Jobs of a pool and target wait for a resource none of whose slots could start
+    them, and why (one line each, now and then)."""
     log.info("worker %s: %d job(s) of pool %s wait for a resource: %s", worker, wait.due, wait.pool, wait.reason)
 
 

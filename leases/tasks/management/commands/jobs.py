@@ -25,14 +25,14 @@ from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 
-from leases import db, routing
+from leases import db, routing, targets
 from leases.clock import db_now
 from leases.durations import parse_duration
 from leases.management.base import EX_TEMPFAIL, LeasesCommand, add_database_option
-from leases.management.text import ago, block, clock, elapsed, parse_json, shown, table, when
+from leases.management.text import ago, block, clock, elapsed, parse_json, shown, standing_cells, table, when
 from leases.models import Resource
 from leases.tasks import registry
-from leases.tasks.jobs import actions, counts, leasing
+from leases.tasks.jobs import actions, counts, waits
 from leases.tasks.jobs.queues import all_queues, known_queues
 from leases.tasks.jobs.steps import SHOWN, send_event, state, waiting
 from leases.tasks.models import Job, JobError, JobEvent, JobStep
@@ -220,9 +220,9 @@ class Command(LeasesCommand):
         )[:count])
         holds = _holdings(rows, using)
         lines = [["ID", "NAME", "QUEUE", "STATUS", "ATTEMPTS", "RUN AT", "WORKER", "FINISHED", *(["HOLDS"] * bool(holds))]]
-        for pk, job_name, job_queue, code, attempt, attempts, run_at, worker, finished_at, expires_at, *_, waits in rows:
+        for pk, job_name, job_queue, code, attempt, attempts, run_at, worker, finished_at, expires_at, *_, waits_for in rows:
             lines.append([
-                str(pk), shown(job_name), shown(job_queue), Job.describe(code, attempt, expires_at, now, shown(waits)),
+                str(pk), shown(job_name), shown(job_queue), Job.describe(code, attempt, expires_at, now, shown(waits_for)),
                 f"{attempt}/{attempts}", relative(run_at, now), shown(worker) or "-",
                 clock(finished_at) or "-", *([holds.get(pk, "-")] * bool(holds)),
             ])
@@ -272,6 +272,8 @@ class Command(LeasesCommand):
                                found.resource_id, found.lease_token)], using).get(found.pk, "-")
             head += [["pool", shown(found.pool)], ["target", shown(found.target) or "-"],
                      ["affinity", shown(found.affinity) or "-"], ["holds", held]]
+            if found.status == Job.READY and not found.waiting_for and found.run_at <= now:
+                head.append(["resources", shown(waits.of_job(found, using).summary(lambda at: ago(at, now)))])
         if found.status == Job.READY and found.waiting_for:  # a durable job, suspended
             head.append(["waits for", waiting(shown(found.waiting_for), found.run_at, now, lambda at: when(at, now))])
         if found.cancel_requested_at is not None and found.status == Job.RUNNING:
@@ -280,6 +282,7 @@ class Command(LeasesCommand):
         self.stdout.write(block("payload", found.payload))
         self.stdout.write(block("result", found.result))
         self._steps(found, now)
+        self._verdicts(found)
         errors = list(JobError.objects.using(using).filter(job_id=found.pk).order_by("attempt", "pk"))
         if not errors:
             self.stdout.write("no errors")
@@ -293,6 +296,17 @@ class Command(LeasesCommand):
             self.stdout.write(f"\nattempt {error.attempt} traceback:")
             for line in (error.traceback or "(none recorded)").splitlines():
                 self.stdout.write("  " + shown(line))
+
+    def _verdicts(self, found: Job) -> None:
+        """The bans and rests its attempts gave the resources they held (the log's lines)."""
+        said = targets.history(self.using, job=found.pk, limit=SHOWN)[::-1]
+        if not said:
+            return
+        lines = [["AT", "RESOURCE", "TARGET", "VERDICT", "UNTIL", "REASON"]]
+        for line in said:
+            lines.append([clock(line.at), shown(f"{line.pool}/{line.name}"), shown(line.target),
+                          line.get_kind_display(), clock(line.until) or "-", cell(line.reason) or "-"])
+        self.stdout.write(f"bans and rests its attempts met ({len(said)}):\n" + table(lines))
 
     def _steps(self, found: Job, now: datetime) -> None:
         """A durable job's last SHOWN steps in order (a result cut to one line) and the
@@ -340,9 +354,25 @@ class Command(LeasesCommand):
             if name in names:
                 self.stdout.write(f"queue {shown(name)}: {n['sleeping']} durable job(s) sleeping,"
                                   f" {n['waiting']} waiting for an event")
-        for wait in leasing.waiting(using, every=True):  # jobs that need a resource, by pool
-            self.stdout.write(f"pool {shown(wait.pool)}: {wait.due} due job(s) wait for a resource"
-                              f" ({wait.slots} resources, {wait.free} free, {wait.quarantined} quarantined)")
+        self._resources(using)
+
+    def _resources(self, using: str) -> None:
+        """Due jobs that need a resource, by pool and target: how many slots could start
+        them now, why the others cannot, and when the first of those comes back."""
+        found = waits.waiting(using)
+        if not found:
+            return
+        filters = any(wait.where for wait in found)
+        lines = [["POOL", "TARGET", *(["WHERE"] if filters else []), "DUE", "USABLE", "NOT USABLE", "NEXT USABLE"]]
+        for wait in found:
+            where = [shown(json.dumps(wait.where, sort_keys=True)) if wait.where else "-"] if filters else []
+            lines.append([shown(wait.pool), shown(wait.target) or "-", *where, str(wait.due),
+                          *standing_cells(wait.standing)])
+        self.stdout.write("due jobs that need a resource:\n" + table(lines))
+        left = waits.more_than_shown(using) if len(found) == waits.SHOWN else 0
+        if left:
+            self.stdout.write(f"... and {left} more pool(s) and target(s) with fewer due jobs"
+                              " (`lease targets POOL --target TARGET` shows one)")
 
     @staticmethod
     def _counts(of: dict[str, Any] | None, now: datetime) -> list[str]:
@@ -400,8 +430,12 @@ class Command(LeasesCommand):
     def _send_event(self, job: str | None, event: str, key: str | None, data: str, **options: Any) -> None:
         """Send an event to a job named by id or key; bad JSON, a job that does not exist
         or has ended is bad input (exit 2), nothing sent."""
-        if (job is None) == (key is None):
-            raise ValueError("send-event: give the job's id or --key, one of them")
+        if job is not None and key is not None:
+            raise ValueError("send-event: give the job's id or --key, not both")
+        if job is None and key is None:
+            if re.fullmatch(r"#?\d+", event.strip()):  # an id alone: argparse took it for the event's name
+                raise ValueError(f"send-event: the event's name is missing (jobs send-event {event.strip()} EVENT)")
+            raise ValueError("send-event: give the job's id (jobs send-event JOB EVENT) or --key KEY")
         value = parse_json(data, "--data")  # one line for nesting too deep as well
         target = key if key is not None else job_ids([job])[0]
         job_id = send_event(target, event, value, using=self.using)
