@@ -1,4 +1,4 @@
-"""Durations as operators type them: 90, 90s, 10m, 2h, 1d."""
+"""Durations as operators type them (90, 90s, 10m, 2h, 1d) and read them (3m, 2h)."""
 from __future__ import annotations
 
 from .validation import MAX_SECONDS, check_seconds
@@ -23,3 +23,12 @@ def parse_duration(text: str, *, zero: bool = False, unit: bool = False) -> floa
     if not (seconds >= 0 if zero else seconds > 0) or seconds == float("inf"):
         raise ValueError(f"duration must be {'>= 0' if zero else '> 0'}: {text!r}")
     return check_seconds(seconds, f"duration {text!r}", above=not zero, maximum=MAX_SECONDS)
+
+
+def whole(seconds: float) -> str:
+    """A duration in its largest whole unit, short for a column: 3s, 2m, 5h, 4d."""
+    seconds = int(seconds)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"

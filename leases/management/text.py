@@ -11,6 +11,8 @@ import json
 from datetime import datetime
 from typing import Any
 
+from leases.durations import whole
+
 
 def shown(text: str) -> str:
     """`text` safe to print on a terminal: control and invisible characters (escape
@@ -83,15 +85,6 @@ def span(seconds: float) -> str:
     return f"{days}d{hours:02d}h"
 
 
-def whole(seconds: float) -> str:
-    """A duration in its largest whole unit, short for a column: 3s, 2m, 5h, 4d."""
-    seconds = int(seconds)
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds // size}{unit}"
-    return f"{seconds}s"
-
-
 def ago(moment: datetime, now: datetime) -> str:
     """'in 3s' or '2m ago' from `now` (the database clock)."""
     delta = (moment - now).total_seconds()
@@ -122,3 +115,15 @@ def standing_cells(standing: Any) -> list[str]:
     else:
         coming = "when a holder lets go" if standing.held else "-"
     return [usable, reasons, coming]
+
+
+#: The most rows a listing's --limit may ask for.
+MAX_LIMIT = 10_000
+
+
+def limit_of(text: str) -> int:
+    """A --limit option: a whole number from 1 to MAX_LIMIT (ValueError, one line)."""
+    count = int(text) if text.isascii() and text.isdigit() else 0
+    if not 1 <= count <= MAX_LIMIT:
+        raise ValueError(f"--limit must be a whole number from 1 to {MAX_LIMIT}, not {text!r}")
+    return count

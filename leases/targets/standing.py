@@ -15,6 +15,7 @@ from datetime import datetime
 from typing import Any
 
 from .. import clock, db, routing
+from ..durations import whole
 from ..encoding import load_json
 from ..models import ResourceTarget, Verdict
 from ..sql import statements
@@ -65,7 +66,7 @@ class Standing:
 
     def summary(self, until: Callable[[datetime], str] | None = None) -> str:
         """One line: "0 of 10 resources usable for shop.example: 6 banned, 4 held; the
-        next in 3m (a ban of p4 ends)". `until` words a time (default: its clock time)."""
+        next in 3m (a ban of p4 ends)". `until` words a time (default: "in 3m")."""
         unit = "resources" if self.slots == self.resources else "slots"
         whom = f" for {self.target}" if self.target else ""
         usable = f"{self.usable}{'+' if self.partial else ''}"
@@ -76,7 +77,7 @@ class Standing:
         if reasons:
             line += f": {reasons}"
         if self.blocked and self.next_at is not None:
-            words = until(self.next_at) if until else self.next_at.strftime("%Y-%m-%d %H:%M:%SZ")
+            words = until(self.next_at) if until else f"in {whole((self.next_at - self.now).total_seconds())}"
             line += f"; the next {words} ({self.next_why})"
         elif self.blocked and self.held:
             line += "; the next when a holder lets go"

@@ -138,9 +138,10 @@ def lift(pool: str, name: str = "", target: str = "", using: str | None = None, 
         if not rows:
             return []
         cursor.execute(st.lift + in_list(rows), [row[0] for row in rows])
-        for _, lifted, of in rows:
+        pairs = sorted((lifted, of) for _, lifted, of in rows)
+        for lifted, of in pairs:
             cursor.execute(st.log_lift, (pool, lifted, of, reason, by))
-        return [(lifted, of) for _, lifted, of in rows]
+        return pairs
 
     return db.run(work, routing.route("pools", pool, using))
 

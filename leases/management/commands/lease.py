@@ -7,10 +7,12 @@ command's code (128 + N when the command died of signal N).
 """
 from __future__ import annotations
 
+import getpass
 import json
 import logging
 import os
 import signal
+import socket
 import subprocess
 import time
 from typing import Any
@@ -18,18 +20,18 @@ from typing import Any
 from django.core.management.base import CommandError, CommandParser
 from django.db import Error
 
-from leases import routing
+from leases import routing, targets
 from leases.clock import db_now
 from leases.durations import parse_duration
 from leases.exceptions import NoResourceAvailable, UnknownPool, UnknownResource
 from leases.lease import Heartbeat, Lease, job_of, release_within
 from leases.management.base import EX_TEMPFAIL, EX_USAGE, LeasesCommand, add_database_option
 from leases.management.lines import bad_line, entries
-from leases.management.text import ago, clock, parse_json, shown, span, table
+from leases.management.text import ago, clock, limit_of, parse_json, shown, span, table
 from leases.models import RESOURCE_NAME_LENGTH, Resource
 from leases.pool import Pool, check_data, unknown_pool
 from leases.progress import progress_bar
-from leases.validation import check_name, check_seconds, check_ttl, check_wait
+from leases.validation import check_name, check_seconds, check_target, check_ttl, check_wait
 
 log = logging.getLogger("leases")
 
@@ -134,6 +136,24 @@ class Command(LeasesCommand):
             "--for", dest="period", default="1d", help="e.g. 90s, 10m, 2h, 1d (default 1d)"
         )
         quarantine.add_argument("--reason", default="", help="why, shown by list and the admin")
+        said = sub.add_parser(
+            "targets", help="what targets (sites) say of resources: bans, rests and paces in force, or their history",
+            description="The bans, rests and paces in force, by pool, resource and target. With POOL and --target, "
+                        "first how the pool stands for that target: how many resources could start its work now, why "
+                        "the others cannot, and when the first comes back. --history: the log of bans, rests and lifts "
+                        "instead, newest first, with who said each.")
+        said.add_argument("pool", nargs="?", help="only this pool (default: every pool)")
+        said.add_argument("--target", help="only this target (a site)")
+        said.add_argument("--resource", help="only this resource")
+        said.add_argument("--history", action="store_true", help="the log of bans, rests and lifts instead")
+        said.add_argument("--limit", default="50", help="lines of --history at most (default 50)")
+        lift = sub.add_parser(
+            "lift", help="end the bans and rests of a resource (every target's, or --target's), or of a target "
+                         "(every resource's); logged")
+        lift.add_argument("pool", help=POOL_HELP)
+        lift.add_argument("name", nargs="?", help="the resource (default: every resource, with --target)")
+        lift.add_argument("--target", help="only this target's (default: every target's, with a resource)")
+        lift.add_argument("--reason", default="", help="why, kept in the history")
         stats = sub.add_parser("stats", help="slots free, held, cooling, quarantined and total, as JSON")
         stats.add_argument("pool", help=POOL_HELP)
         run = sub.add_parser(
@@ -246,6 +266,62 @@ class Command(LeasesCommand):
         done = pool.unquarantine(name)
         state = "is back in service" if done else "was not quarantined"
         self.stdout.write(f"{pool.name}/{shown(name)} {state}")
+
+    def _targets(self, pool: Pool | None, database: str | None, target: str | None, resource: str | None,
+                 history: bool, limit: str, **options: Any) -> None:
+        target = None if target is None else check_target(target)
+        resource = None if resource is None else check_name(resource, "resource name", RESOURCE_NAME_LENGTH)
+        count = limit_of(limit)
+        if pool is not None and not pool.resources().exists():
+            raise unknown_pool(pool.name, pool.using)
+        aliases = [pool.using] if pool else [routing.known(database)] if database else routing.aliases()
+        name = pool.name if pool else None
+        if history:
+            lines = [line for alias in aliases for line in targets.history(alias, name, resource, target, limit=count)]
+            self.stdout.write(self._said(sorted(lines, key=lambda v: (v.at, v.pk), reverse=True)[:count]))
+            return
+        if pool is not None and target is not None:
+            standing = targets.standing(pool.name, target, using=pool.using)
+            self.stdout.write(f"{pool.name}: {standing.summary(lambda at: ago(at, standing.now))}")
+        found = [targets.in_force(alias, name, target, resource) for alias in aliases]
+        lines = [["POOL", "NAME", "TARGET", "BANNED", "RESTING", "PACED", "REASON"]]
+        for now, rows in found:
+            for row in rows:
+                times = [ago(at, now) if at is not None and at > now else "-"
+                         for at in (row.banned_until, row.rested_until, row.next_start_at)]
+                lines.append([shown(row.pool), shown(row.name), shown(row.target), *times, shown(row.ban_reason) or "-"])
+        self.stdout.write(table(lines) if len(lines) > 1 else "no bans, rests or paces in force")
+
+    @staticmethod
+    def _said(lines: list[Any]) -> str:
+        """The log's lines as a table, newest first."""
+        if not lines:
+            return "no bans, rests or lifts logged"
+        rows = [["AT", "POOL", "NAME", "TARGET", "VERDICT", "UNTIL", "BY", "REASON"]]
+        for line in lines:
+            rows.append([clock(line.at), shown(line.pool), shown(line.name), shown(line.target),
+                         line.get_kind_display(), clock(line.until) or "-", _holder(line.holder) or "-",
+                         shown(line.reason) or "-"])
+        return table(rows)
+
+    def _lift(self, pool: Pool, name: str | None, target: str | None, reason: str, **options: Any) -> None:
+        if name is None and target is None:
+            raise ValueError("lift: name a resource, --target, or both (a whole pool is not lifted at once)")
+        target = None if target is None else check_target(target)
+        if not pool.resources().exists():
+            raise unknown_pool(pool.name, pool.using)
+        if name is not None and not pool.resources().filter(name=name).exists():
+            raise UnknownResource(f"no resource {name!r} in pool {pool.name!r}")
+        who = f"lease lift ({getpass.getuser()}@{socket.gethostname()})"
+        lifted = targets.lift(pool.name, name or "", target or "", using=pool.using, by=who, reason=reason)
+        what = " ".join(filter(None, [name and shown(name), target and f"for {shown(target)}"]))
+        if not lifted:
+            self.stdout.write(f"nothing to lift: no ban or rest of {pool.name} {what} in force")
+            return
+        for lifted_name, lifted_target in lifted:
+            log.info("%s lifted the bans and rests of %s/%s for %s", who, pool.name, lifted_name, lifted_target)
+        pairs = ", ".join(f"{shown(n)} for {shown(t)}" for n, t in lifted)
+        self.stdout.write(f"lifted the bans and rests of {pool.name}: {pairs}")
 
     def _stats(self, pool: Pool, **options: Any) -> None:
         stats = pool.stats()

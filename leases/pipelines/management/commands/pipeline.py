@@ -18,7 +18,17 @@ from leases.clock import db_now
 from leases.durations import parse_duration
 from leases.exceptions import UnknownHandler
 from leases.management.base import EX_TEMPFAIL, EX_USAGE, LeasesCommand, add_database_option, import_modules
-from leases.management.text import block, clock, elapsed, parse_json, shown, span, table
+from leases.management.text import (
+    MAX_LIMIT,
+    block,
+    clock,
+    elapsed,
+    limit_of,
+    parse_json,
+    shown,
+    span,
+    table,
+)
 from leases.pipelines import definition
 from leases.pipelines.models import Run, StageRun
 from leases.pipelines.report import STATUS_ORDER, RunReport, failed_tasks, progress
@@ -32,8 +42,6 @@ TIMELINE_WIDTH = 60
 ERROR_WIDTH = 100
 #: Largest id a database key column holds; a bigger number names no run.
 MAX_ID = 2**63 - 1
-#: Rows `list` prints at most, whatever --limit asks (as `jobs list`).
-MAX_LIMIT = 10_000
 _ID = re.compile(r"[0-9]+")
 
 
@@ -135,9 +143,7 @@ class Command(LeasesCommand):
         statuses = [s for s, _ in Run.STATUSES]
         if status is not None and status not in statuses:
             raise ValueError(f"--status must be one of {', '.join(statuses)}, not {status!r}")
-        count = int(limit) if _ID.fullmatch(limit) else 0
-        if not 1 <= count <= MAX_LIMIT:
-            raise ValueError(f"--limit must be a whole number from 1 to {MAX_LIMIT}, not {limit!r}")
+        count = limit_of(limit)
         runs = Run.objects.using(self.using).defer("definition", "context").with_progress().order_by("-pk")
         if status is not None:
             runs = runs.filter(status=status)

@@ -29,7 +29,19 @@ from leases import db, routing, targets
 from leases.clock import db_now
 from leases.durations import parse_duration
 from leases.management.base import EX_TEMPFAIL, LeasesCommand, add_database_option
-from leases.management.text import ago, block, clock, elapsed, parse_json, shown, standing_cells, table, when
+from leases.management.text import (
+    MAX_LIMIT,
+    ago,
+    block,
+    clock,
+    elapsed,
+    limit_of,
+    parse_json,
+    shown,
+    standing_cells,
+    table,
+    when,
+)
 from leases.models import Resource
 from leases.tasks import registry
 from leases.tasks.jobs import actions, counts, waits
@@ -41,8 +53,6 @@ from leases.tasks.models import Job, JobError, JobEvent, JobStep
 POLL = 0.5
 #: Largest id a database key column holds; a bigger number names no job.
 MAX_ID = 2**63 - 1
-#: Rows `list` prints at most, whatever --limit asks.
-MAX_LIMIT = 10_000
 #: Characters of an error message in a table cell (`show --traceback` prints it whole).
 ERROR_WIDTH = 100
 #: Ids per call of the queue's actions.
@@ -194,9 +204,7 @@ class Command(LeasesCommand):
 
     def _list(self, queue: str | None, status: str | None, name: str | None, limit: str, internal: bool,
               show_all: bool, **options: Any) -> None:
-        count = int(limit) if _ID.fullmatch(limit) else 0
-        if not 1 <= count <= MAX_LIMIT:
-            raise ValueError(f"--limit must be a whole number from 1 to {MAX_LIMIT}, not {limit!r}")
+        count = limit_of(limit)
         using = self.using
         jobs = Job.objects.using(using).order_by("-pk")
         if status is not None:
