@@ -8,6 +8,8 @@ import sys
 
 from .setup import configured_from
 
+#: Commands of the companion apps, which a host without a project does not have.
+PROJECT_ONLY = "`jobs`, `schedule`, `dispatch`, `pipeline`, `leases_worker` and `leases_prune`"
 USAGE = "usage: python -m leases DATABASE_URL COMMAND [ARGS]  (e.g. python -m leases sqlite:////srv/leases.sqlite3 lease list)"
 
 
@@ -19,7 +21,13 @@ def main(argv: list[str]) -> int:
         return 2
     if not configured_from(argv[0]):
         return 2
-    from django.core.management import execute_from_command_line
+    from django.core.management import execute_from_command_line, get_commands
+
+    if argv[1] not in get_commands() and argv[1] not in ("help", "--help", "-h", "--version"):
+        print(f"python -m leases: no command {argv[1]!r} here. Without a Django project it runs the leases app's"
+              f" `lease` (and Django's own, such as `migrate`); {PROJECT_ONLY} need a Django project with"
+              " leases.tasks installed (see the install docs)", file=sys.stderr)
+        return 2
 
     try:
         execute_from_command_line(["python -m leases", *argv[1:]])

@@ -132,7 +132,8 @@ def test_bad_input_is_one_line_and_changes_nothing(pool, args, message):
 
 def test_the_commands_as_processes_and_through_python_m_leases(pool, manage, child_env):
     """`manage.py lease lift` as users run it (system checks and all), exit 2 on bad input;
-    `python -m leases URL lease targets` on a host without a project."""
+    `python -m leases URL lease targets` on a host without a project, which says what it
+    cannot run there."""
     done = subprocess.run([*manage, "lease", "lift", "proxies", "p1"], env=child_env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout == "lifted the bans and rests of proxies: p1 for shop.example\n"
@@ -145,6 +146,11 @@ def test_the_commands_as_processes_and_through_python_m_leases(pool, manage, chi
     assert bare.returncode == 0, bare.stderr
     assert bare.stdout.splitlines()[0] == ("proxies: 3 of 7 slots usable for shop.example: 1 quarantined, 1 held,"
                                            " 1 cooling down, 1 resting")  # p1's ban lifted above
+    other = subprocess.run([sys.executable, "-m", "leases", database_url(), "jobs", "stats"], env=env, cwd="/",
+                           capture_output=True, text=True)
+    assert other.returncode == 2 and len(other.stderr.splitlines()) == 1
+    assert other.stderr.startswith("python -m leases: no command 'jobs' here. Without a Django project it runs the"
+                                   " leases app's `lease`")
 
 
 def test_a_verdict_retried_after_a_lost_reply_is_logged_once(pool, monkeypatch):
@@ -171,3 +177,33 @@ def test_pruning_forgets_old_lines_of_the_log(pool):
     targets.ban("proxies", "p6", "shop.example", 60, "fresh")
     targets.forget(older_than=86400)
     assert list(Verdict.objects.values_list("reason", flat=True)) == ["fresh"]
+
+
+def test_the_operators_reads_are_index_reads_on_mysql():
+    """What a target refuses, a resource's last verdict and a job's verdicts are read
+    through their indexes however many rows the tables hold."""
+    from django.db import connection
+
+    from leases.sql import statements
+
+    if connection.vendor != "mysql":
+        pytest.skip("EXPLAIN checked on MySQL/MariaDB")
+    Pool("proxies").add_many([(f"r{n}", None) for n in range(2000)])
+    for n in range(0, 2000, 10):
+        targets.ban("proxies", f"r{n}", f"s{n % 7}", 600, holder="h")
+    st = statements(connection, "target")
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE TABLE leases_resource, leases_resourcetarget, leases_verdict")
+        cursor.fetchall()
+        for sql, params, index in [(st.refused, ["proxies", "s1"], "leases_resource_target"),
+                                   (st.last_said, ["proxies", "r10", "s3"], "leases_verdict_resource"),
+                                   (st.in_force.replace(" FOR UPDATE", ""), ["proxies", "", "", "s1", "s1"],
+                                    "leases_resource_target")]:
+            cursor.execute("EXPLAIN " + sql, params)
+            columns = [c[0] for c in cursor.description]
+            plan = dict(zip(columns, cursor.fetchone()))  # the first table read
+            assert plan["key"] == index, plan
+        query = Verdict.objects.filter(job=5).order_by("-at", "-id")[:50]
+        cursor.execute("EXPLAIN " + str(query.query).replace("= 5", "= %s"), [5])
+        plan = dict(zip([c[0] for c in cursor.description], cursor.fetchone()))
+        assert plan["key"] == "leases_verdict_job", plan

@@ -10,7 +10,8 @@ with it (GitHub and Sphinx ignore everything after the language):
   NORMALIZE_WHITESPACE: ``...`` is any text);
 - ``python file=PATH`` / ``python append=PATH``: write or extend that file;
 - ``pycon``: a doctest, run in a process of its own with the project's settings;
-- ``sh``: shown, not run (the ``pip install``, which this test replaces with PYTHONPATH).
+- ``sh``: shown, not run (the ``pip install``, which this test replaces with PYTHONPATH);
+- ``python``: shown, not run (settings for other databases than the test's SQLite).
 """
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ pytestmark = pytest.mark.slow
 PAGE = ROOT / "docs" / "quickstart.md"
 FENCE = re.compile(r"^```([^\n`]*)\n(.*?)^```\s*$", re.S | re.M)
 #: What the blocks' info strings may say; anything else (a typo) fails the test.
-KINDS = re.compile(r"sh|sh run|text output|pycon|python (file|append)=\S+")
+KINDS = re.compile(r"sh|sh run|text output|pycon|python|python (file|append)=\S+")
 #: Runs a pycon block, read from stdin, as a doctest with the project's settings.
 DOCTEST = """
 import doctest, sys
