@@ -1,6 +1,6 @@
 """`manage.py leases_prune --older-than 7d`: delete finished jobs (and their errors) in batches,
 the rows of queue workers gone that long, and what targets said of resources (bans, rests,
-paces) that ended that long ago.
+paces) that ended that long ago, with the lines of their log (who said what) as old.
 
 Ready and running jobs are never touched. Exit 2 on a bad duration or batch size, 75 when
 the database is unavailable.
