@@ -11,10 +11,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tests.jobs  # noqa: F401 - registers noop
-from leases import Pool, lock
+from leases import Pool, lock, targets
 from leases.encoding import MAX_JSON_DEPTH
 from leases.exceptions import LeaseError
-from leases.models import Lock, Resource
+from leases.models import Lock, Resource, ResourceTarget, Verdict
 from leases.tasks import Dispatcher, push, push_many
 from leases.tasks.models import Job, PoolTask, Queue, TaskPool
 from leases.validation import MAX_SECONDS
@@ -72,7 +72,7 @@ bad_json = st.one_of(
 
 # -- what "nothing written" means ---------------------------------------------------------------
 
-MODELS = (Resource, Lock, Job, PoolTask, TaskPool, Queue)
+MODELS = (Resource, ResourceTarget, Verdict, Lock, Job, PoolTask, TaskPool, Queue)
 
 
 def snapshot() -> tuple[int, ...]:
@@ -104,6 +104,11 @@ def test_bad_names_are_refused_everywhere(name):
     refused(Dispatcher, name)
     refused(Dispatcher("d").recreate_task_pool, {name: 1.0})
     refused(Dispatcher("d").assign_tasks, 5, name)
+    refused(targets.ban, "good", "r", name, 60)
+    refused(targets.ban, "good", name, "site", 60)
+    refused(targets.lift, "good", name)
+    if name not in ("", None, 0):  # no target given: the resource's bans for every target
+        refused(targets.lift, "good", "r", name)
 
 
 @EXAMPLES
@@ -165,6 +170,9 @@ def test_commands_refuse_bad_input_with_one_line(name, duration):
     command_refused("lease", "run", "pool", "--ttl", "0.01", "--", "true")
     command_refused("dispatch", "assign", "crawl", name, "5")
     command_refused("leases_prune", "--older-than", duration)
+    command_refused("lease", "lift", "pool", "r", "--target", name)
+    command_refused("lease", "targets", "pool", "--target", name)
+    command_refused("lease", "targets", "--resource", name)
 
 
 @EXAMPLES
