@@ -166,6 +166,7 @@ class QuarantineForm(forms.Form):
 class ResourceAdmin(OnDatabase, admin.ModelAdmin):
     """Resources on the engine's database (settings.LEASES_DATABASE)."""
 
+    masked = ("data",)
     form = ResourceForm
     list_filter = (StateFilter, "pool")
     search_fields = ("pool", "name", "holder")
@@ -246,7 +247,7 @@ class ResourceAdmin(OnDatabase, admin.ModelAdmin):
         """
         if obj is None:
             return [(None, {"fields": (*EDITABLE, "slots")})]
-        data = "data" if self.has_change_permission(request, obj) else "masked_data"
+        data = self.shown(request, "data")
         live = Live.of(request)
         lease = (live.state, live.expires_in, *LEASE_STATE)
         return [
