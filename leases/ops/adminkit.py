@@ -1,6 +1,6 @@
 """What every app's admin shares: admins bound to one database, a site per database,
-masked fields declared once, the database clock read once per request, and how times and
-JSON are shown.
+masked fields declared once, counts that stop at a limit, the database clock read once per
+request, and how times and JSON are shown.
 
 Whether a row is free, held, due or lapsed depends on the database clock, so each request
 reads `db_now()` once and judges every row by that one reading (never the web server's
@@ -18,6 +18,7 @@ from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.views.main import ChangeList
 from django.contrib.auth import get_permission_codename
 from django.core.exceptions import FieldDoesNotExist
+from django.core.paginator import Paginator
 from django.db import NotSupportedError
 from django.db.models import Field, Model
 from django.db.models.constants import LOOKUP_SEP
@@ -25,6 +26,7 @@ from django.db.models.options import Options
 from django.http import HttpRequest
 from django.urls import URLPattern, reverse
 from django.utils import timezone
+from django.utils.functional import cached_property
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
@@ -73,6 +75,29 @@ def as_id(text: str) -> int | None:
         return None
     found = int(text)
     return found if found <= BIGGEST_ID else None
+
+
+class AtLeast(int):
+    """A count that stopped at its limit: reads '10000+' wherever the admin prints it."""
+
+    def __str__(self) -> str:
+        return f"{int(self)}+"
+
+
+class CappedPaginator(Paginator):
+    """Counts at most `limit` rows, so a page of a table of millions stays one index range.
+
+    Past the limit the list says "10000+" and its page links stop there; filters narrow it.
+    """
+
+    def __init__(self, *args, limit: int, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.limit = limit
+
+    @cached_property
+    def count(self) -> int:
+        found = self.object_list.order_by().values("pk")[: self.limit + 1].count()
+        return AtLeast(self.limit) if found > self.limit else found
 
 
 def may_change(request: HttpRequest, opts: Options) -> bool:

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 from django.contrib import admin, messages
 from django.contrib.admin.views.main import SEARCH_VAR
-from django.core.paginator import Paginator
 from django.db.models import QuerySet
-from django.utils.functional import cached_property
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 
@@ -20,6 +18,7 @@ from leases.management.text import ago, elapsed
 from leases.models import Resource
 from leases.ops.adminkit import (
     EMPTY,
+    CappedPaginator,
     OnDatabaseInline,
     PerRequest,
     as_id,
@@ -58,29 +57,6 @@ def _folded(text: str) -> str:
     if not text:
         return EMPTY
     return format_html('<details><summary>show</summary><pre style="margin: 0">{}</pre></details>', text)
-
-
-class AtLeast(int):
-    """A count that stopped at its limit: reads '10000+' wherever the admin prints it."""
-
-    def __str__(self) -> str:
-        return f"{int(self)}+"
-
-
-class CappedPaginator(Paginator):
-    """Counts at most `limit` rows, so a page of a table of millions stays one index range.
-
-    Past the limit the list says "10000+" and its page links stop there; filters narrow it.
-    """
-
-    def __init__(self, *args, limit: int, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.limit = limit
-
-    @cached_property
-    def count(self) -> int:
-        found = self.object_list.order_by().values("pk")[: self.limit + 1].count()
-        return AtLeast(self.limit) if found > self.limit else found
 
 
 class QueueFilter(admin.SimpleListFilter):
