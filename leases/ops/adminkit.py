@@ -224,7 +224,7 @@ class OnDatabase(Masking):
         """A URL of this admin's own site (each database's site has its own names)."""
         return reverse(f"{self.admin_site.name}:{name}", args=args)
 
-    def response_action(self, request: HttpRequest, queryset: Any) -> Any:
+    def response_action(self, request: HttpRequest, queryset: Any, *args: Any, **kwargs: Any) -> Any:
         """An action's selection without what is no row's id (a stale or forged form): the
         ORM would raise on it (a 500); with nothing left the admin says nothing was selected."""
         selected = request.POST.getlist(admin.helpers.ACTION_CHECKBOX_NAME)
@@ -232,7 +232,7 @@ class OnDatabase(Masking):
         if ids != selected:
             request.POST = request.POST.copy()
             request.POST.setlist(admin.helpers.ACTION_CHECKBOX_NAME, ids)
-        return super().response_action(request, queryset)
+        return super().response_action(request, queryset, *args, **kwargs)
 
     def get_urls(self) -> list:
         """Every view tags its request with this admin, so what is computed per request
