@@ -187,6 +187,14 @@ class ResourceTargetAdmin(OnDatabase, admin.ModelAdmin):
         reason = "masked_reason" if self.masks(request, "ban_reason") else "reason"
         return ("resource", "pool", "target", live.holds, live.until, reason, "said")
 
+    def get_fields(self, request, obj=None):
+        """A verdict's page, read-only, its reason masked for viewers as in the list."""
+        reason = "masked_reason" if self.masks(request, "ban_reason") else "ban_reason"
+        return ("pool", "name", "target", "banned_until", reason, "rested_until", "next_start_at", "updated_at")
+
+    def get_readonly_fields(self, request, obj=None):
+        return self.get_fields(request, obj)
+
     # -- who sees, who lifts: the resources' permissions ------------------------------------
 
     def sees_stored(self, request: HttpRequest) -> bool:

@@ -211,6 +211,9 @@ def test_viewers_of_resources_see_the_verdicts_with_reasons_masked_and_cannot_li
     assert response.status_code == 200 and "REASONPW-1" not in page and f"http://u:{MASK}@h:3128" in page
     assert 'name="_selected_action"' not in page  # no action to choose
     assert "REASONPW-1" not in resource_page(client, "p1")
+    verdict = ResourceTarget.objects.get(name="p1", target="a.example").pk
+    page = client.get(reverse("admin:leases_resourcetarget_change", args=[verdict])).content.decode()
+    assert "a.example" in page and "REASONPW-1" not in page and f"http://u:{MASK}@h:3128" in page
     pk = ResourceTarget.objects.get(name="p1", target="a.example").pk
     act(client, VERDICTS, "lift_selected", [pk])
     assert set(targets.unusable_now("proxies", "a.example", ["p1"])) == {"p1"}
@@ -221,6 +224,7 @@ def test_who_may_change_resources_lifts_and_reads_reasons_as_stored(client, verd
     user(client, "view_resource", "change_resource")
     assert "REASONPW-1" in client.get(VERDICTS).content.decode()
     pk = ResourceTarget.objects.get(name="p1", target="a.example").pk
+    assert "REASONPW-1" in client.get(reverse("admin:leases_resourcetarget_change", args=[pk])).content.decode()
     assert messages_of(act(client, VERDICTS, "lift_selected", [pk])) == ["Lifted 1 of 1 selected verdict."]
     assert not targets.unusable_now("proxies", "a.example", ["p1"])
 
