@@ -195,8 +195,8 @@ def test_lifting_a_resources_every_target_names_the_resource_and_its_targets_in_
                                                                                              verdicts):
     pks = [Resource.objects.get(name=name).pk for name in ("p1", "p2")]
     done = act(admin_client, RESOURCES, "lift_selected", pks)
-    assert messages_of(done) == ["Lifted the per-target bans and rests of 1 of 2 selected resources. "
-                                 "1 neither banned nor rested by any target."]
+    assert messages_of(done) == [("Lifted the per-target bans and rests of 1 of 2 selected resources. "
+                                  "1 neither banned nor rested by any target.")]
     assert not targets.unusable_now("proxies", "a.example", ["p1"]) and not targets.unusable_now(
         "proxies", "b.example", ["p1"])
     (entry,) = LogEntry.objects.all()
