@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 from datetime import datetime
+from urllib.parse import urlencode
 
 from django import forms
 from django.contrib import admin, messages
@@ -18,18 +19,20 @@ from django.db.models import Count, OuterRef, Q, Subquery
 from django.db.models.functions import Coalesce
 from django.template.response import TemplateResponse
 from django.urls import NoReverseMatch
-from django.utils.html import format_html, format_html_join
+from django.utils.html import format_html
 from django.utils.text import Truncator
 
 from leases import targets
 from leases.durations import parse_duration
 from leases.exceptions import UnknownResource
 from leases.lease import job_of
-from leases.models import EPOCH, Resource, ResourceTarget
+from leases.models import EPOCH, Resource
 from leases.ops.adminkit import EMPTY, OnDatabase, PerRequest, compact_time, nowrap, request_now
 from leases.ops.masking import mask_secrets
 from leases.pool import Pool, check_data
 from leases.validation import MAX_SLOTS
+
+from .resource_targets import admin_user, lift_resource, lifted_every_target, verdicts
 
 EDITABLE = ("pool", "name", "data")
 LEASE_STATE = ("busy_until", "holder", "token", "acquired", "renewed", "quarantined", "quarantine_reason")
@@ -91,16 +94,20 @@ class Live(PerRequest):
 
     @admin.display(description="targets")
     def per_target(self, obj: Resource) -> str:
-        """A row per target that banned, rested or paced it, by the database clock."""
+        """A line per target that banned, rested or paced it, by the database clock, and a
+        link to those verdicts in their own list."""
         rows = targets.of_resource(obj.pool, obj.name, self.using)
-        now = request_now(self.request)
         if not rows:
             return "no target has said anything of it"
-        return format_html_join(
-            "", "<div>{}: {}{}</div>",
-            ((row.target, row.state_at(now), _until(row, now)) for row in rows),
-        )
-
+        masked = not self.request.leases_admin.sees_stored(self.request)  # a ban's reason can quote a URL
+        shown = verdicts(rows, request_now(self.request), masked)
+        try:
+            url = self.admin_url("leases_resourcetarget_changelist")
+        except NoReverseMatch:  # a site without the verdicts' admin
+            return shown
+        link = format_html('<a href="{}?{}">each target\'s verdict, to lift one</a>', url,
+                           urlencode({"pool": obj.pool, "name": obj.name}))
+        return format_html("{}<div>{}</div>", shown, link)
 
 
 def held_at(now: datetime) -> Q:
@@ -166,6 +173,7 @@ class QuarantineForm(forms.Form):
 class ResourceAdmin(OnDatabase, admin.ModelAdmin):
     """Resources on the engine's database (settings.LEASES_DATABASE)."""
 
+    masked = ("data",)
     form = ResourceForm
     list_filter = (StateFilter, "pool")
     search_fields = ("pool", "name", "holder")
@@ -246,7 +254,7 @@ class ResourceAdmin(OnDatabase, admin.ModelAdmin):
         """
         if obj is None:
             return [(None, {"fields": (*EDITABLE, "slots")})]
-        data = "data" if self.has_change_permission(request, obj) else "masked_data"
+        data = self.shown(request, "data")
         live = Live.of(request)
         lease = (live.state, live.expires_in, *LEASE_STATE)
         return [
@@ -259,7 +267,8 @@ class ResourceAdmin(OnDatabase, admin.ModelAdmin):
             ("Per target", {
                 "fields": (live.per_target,),
                 "description": "What each target (a site) says of this resource: bans and rests keep it from "
-                               "that target only; lift them with the list's action.",
+                               "that target only. Lift every target's with the resource list's action, or one "
+                               "target's in the list of verdicts.",
             }),
         ]
 
@@ -276,9 +285,10 @@ class ResourceAdmin(OnDatabase, admin.ModelAdmin):
 
     # -- actions: through the engine ----------------------------------------------------
 
-    def _each(self, request, queryset, call, verb: str, skipped: str, note: str = "") -> None:
+    def _each(self, request, queryset, call, verb: str, skipped: str, note: str = "", history=None) -> None:
         """Apply `call(pool, name)` to each selected resource (every slot of it) through the
-        engine, and record it in each row's history."""
+        engine, and record it in each row's history: "<verb> from the admin<note>.", or
+        `history(row, what call returned)`."""
         done = total = 0
         seen = set()
         for row in queryset.order_by("pool", "name", "slot"):
@@ -287,12 +297,12 @@ class ResourceAdmin(OnDatabase, admin.ModelAdmin):
             seen.add((row.pool, row.name))
             total += 1
             try:
-                changed = call(Pool(row.pool, self.using), row.name) is not False
+                result = call(Pool(row.pool, self.using), row.name)
             except UnknownResource:  # deleted since the page was shown
                 continue
-            if changed:
+            if result is not False:
                 done += 1
-                self.log_change(request, row, f"{verb} from the admin{note}.")
+                self.log_change(request, row, history(row, result) if history else f"{verb} from the admin{note}.")
         text = f"{verb} {done} of {total} selected resource{'s' if total != 1 else ''}."
         if done < total:
             text += f" {total - done} {skipped}."
@@ -324,16 +334,7 @@ class ResourceAdmin(OnDatabase, admin.ModelAdmin):
 
     @admin.action(description="Lift selected resources' per-target bans and rests", permissions=["change"])
     def lift_selected(self, request, queryset):
-        self._each(request, queryset, lambda p, n: bool(targets.lift(p.name, n, using=p.using,
-                                                                     by=f"admin: {request.user.get_username()}")),
-                   "Lifted per-target bans of", "banned by no target")
-
-
-def _until(row: ResourceTarget, now: datetime) -> str:
-    """" until ...: reason" of a banned or rested row; "" of a usable one."""
-    state = row.state_at(now)
-    until = {"banned": row.banned_until, "rested": row.rested_until, "paced": row.next_start_at}.get(state)
-    if until is None:
-        return ""
-    reason = f": {row.ban_reason}" if state == "banned" and row.ban_reason else ""
-    return f" until {compact_time(until)}{reason}"
+        """Every target's bans and rests of each resource, each lift named in its history."""
+        self._each(request, queryset, lambda p, n: lift_resource(p.name, n, p.using, admin_user(request)),
+                   "Lifted the per-target bans and rests of", "neither banned nor rested by any target",
+                   history=lambda row, held: lifted_every_target(row.pool, row.name, held))

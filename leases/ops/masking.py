@@ -1,6 +1,10 @@
 """Secrets hidden from those who may only look: credentials in resource data, job
 payloads and results, error messages and tracebacks are masked before any page shows them.
 
+Who sees them as stored is `sees_stored`'s: those who may change the rows. Each admin
+declares which of its fields are masked (`leases.ops.adminkit.Masking`), and that one
+declaration masks the pages and keeps the fields out of searches, filters and orderings.
+
 Deliberately broad: a harmless value masked now and then costs less than a credential
 shown to everyone with view access.
 """
@@ -10,6 +14,8 @@ import inspect
 import re
 from typing import Any
 
+from django.contrib.auth import get_permission_codename
+from django.db.models.options import Options
 from django.utils.module_loading import import_string
 
 #: Keys and names holding any of these, in any case and anywhere, are secret ("pass" covers
@@ -71,6 +77,13 @@ _SPACED = re.compile(
     """,
     re.IGNORECASE | re.VERBOSE,
 )
+
+
+def sees_stored(user: Any, opts: Options) -> bool:
+    """Whether `user` sees the masked fields of a model as stored: who may change its rows
+    (they need the secrets to edit the rows or act on them, and their role reads the
+    database anyway). Everyone else sees them masked, and may not search or filter by them."""
+    return user.has_perm(f"{opts.app_label}.{get_permission_codename('change', opts)}")
 
 
 def is_secret(key: Any) -> bool:

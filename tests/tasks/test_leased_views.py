@@ -12,7 +12,7 @@ from django.urls import reverse
 
 import tests.tasks.test_leased_jobs  # noqa: F401 - registers lease.fetch (pool "proxies", target: the site)
 from leases import Pool, targets
-from leases.models import Resource
+from leases.models import Resource, Verdict
 from leases.tasks import push
 from leases.tasks.worker import JobWorker
 
@@ -67,6 +67,8 @@ def test_the_admin_shows_the_pairing_and_lifts_per_target_bans(admin_client, run
     assert done.status_code == 200
     assert not targets.unusable_now("proxies", "b.example", ["p1"])
     assert LogEntry.objects.filter(object_id=str(resource.pk), change_message__contains="Lifted").exists()
+    lifted = Verdict.objects.get(kind="lift")  # the verdicts' log names the admin user too
+    assert (lifted.name, lifted.target, lifted.holder) == ("p1", "b.example", "admin: admin")
 
 
 def test_the_dashboard_and_metrics_count_jobs_waiting_for_a_pool_and_bans(admin_client, running):

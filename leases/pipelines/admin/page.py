@@ -46,14 +46,19 @@ class RunPage(PerRequest):
             self._reports[obj.pk] = RunReport(obj, self.using)
         return self._reports[obj.pk]
 
-    def shown(self, text: str) -> str:
+    def masks(self, field: str) -> bool:
+        """Whether the run admin's `masked` masks `field` for this request's user."""
+        return self.request.leases_admin.masks(self.request, field)
+
+    def shown(self, text: str, field: str) -> str:
         """Errors quote arguments and URLs, credentials included: as stored for those who
-        may steer runs, masked for viewers (as job errors are)."""
-        return (text if self.operator else mask_text(text)) or EMPTY
+        may steer runs, masked for viewers (as job errors are), as the run admin's
+        `masked` says of `field`."""
+        return (mask_text(text) if self.masks(field) else text) or EMPTY
 
     @admin.display(description="error")
     def error_text(self, obj: Run) -> str:
-        return self.shown(obj.error)
+        return self.shown(obj.error, "error")
 
     @admin.display(description="duration")
     def duration(self, obj: Run) -> str:
@@ -62,7 +67,7 @@ class RunPage(PerRequest):
 
     @admin.display(description="context")
     def context_json(self, obj: Run) -> SafeString:
-        return pretty_json(obj.context if self.operator else mask_secrets(obj.context))
+        return pretty_json(mask_secrets(obj.context) if self.masks("context") else obj.context)
 
     @admin.display(description="steer")
     def steer(self, obj: Run) -> SafeString | str:
@@ -108,7 +113,7 @@ class RunPage(PerRequest):
                     local_time(end),
                     elapsed(start, end, going) or EMPTY,
                     stage.restarts,
-                    self.shown(stage.error),
+                    self.shown(stage.error, "stages__error"),
                 )
             )
             if report.picked[stage.pk]:
@@ -138,7 +143,7 @@ class RunPage(PerRequest):
                     task.attempts,
                     elapsed(start, end, None) or EMPTY,
                     job,
-                    self.shown(task.error),
+                    self.shown(task.error, "tasks__error"),
                 )
             )
         rest = report.left_out(stage)

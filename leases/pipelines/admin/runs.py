@@ -65,6 +65,10 @@ class PipelineFilter(admin.SimpleListFilter):
 class RunAdmin(OnDatabase, admin.ModelAdmin):
     """Pipeline runs, newest first, and a run's stages, tasks and timeline."""
 
+    #: Shown as stored to those who may steer runs, masked for viewers (or not shown at
+    #: all): a run's context, the errors of the run, its stages and tasks, the data of its
+    #: events, its tasks' items and results.
+    masked = ("context", "error", "events", "stages__error", "tasks__error", "tasks__item", "tasks__result")
     list_filter = ("status", PipelineFilter)
     search_fields = ("^pipeline", "^key")
     ordering = ("-id",)

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 from django.contrib import admin, messages
 from django.contrib.admin.views.main import SEARCH_VAR
-from django.core.paginator import Paginator
 from django.db.models import QuerySet
-from django.utils.functional import cached_property
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 
@@ -20,6 +18,7 @@ from leases.management.text import ago, elapsed
 from leases.models import Resource
 from leases.ops.adminkit import (
     EMPTY,
+    CappedPaginator,
     OnDatabaseInline,
     PerRequest,
     as_id,
@@ -58,29 +57,6 @@ def _folded(text: str) -> str:
     if not text:
         return EMPTY
     return format_html('<details><summary>show</summary><pre style="margin: 0">{}</pre></details>', text)
-
-
-class AtLeast(int):
-    """A count that stopped at its limit: reads '10000+' wherever the admin prints it."""
-
-    def __str__(self) -> str:
-        return f"{int(self)}+"
-
-
-class CappedPaginator(Paginator):
-    """Counts at most `limit` rows, so a page of a table of millions stays one index range.
-
-    Past the limit the list says "10000+" and its page links stop there; filters narrow it.
-    """
-
-    def __init__(self, *args, limit: int, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.limit = limit
-
-    @cached_property
-    def count(self) -> int:
-        found = self.object_list.order_by().values("pk")[: self.limit + 1].count()
-        return AtLeast(self.limit) if found > self.limit else found
 
 
 class QueueFilter(admin.SimpleListFilter):
@@ -243,10 +219,11 @@ class JobErrorInline(OnDatabaseInline, admin.TabularInline):
 
     def get_fields(self, request, obj=None):
         """Messages and tracebacks quote arguments, URLs and headers, credentials included:
-        as the payload, they are shown as stored only to those who may act on the job."""
-        if may_change(request, self.parent_model._meta):
-            return ("attempt", "exception", "message", "trace", "worker", "when")
-        return ("attempt", "exception", "masked_message", "masked_trace", "worker", "when")
+        as the payload, they are shown as stored only to those who may act on the job
+        (the job admin's `masked`)."""
+        masks = request.leases_admin.masks
+        return ("attempt", "exception", "masked_message" if masks(request, "errors__message") else "message",
+                "masked_trace" if masks(request, "errors__traceback") else "trace", "worker", "when")
 
     def get_readonly_fields(self, request, obj=None):
         return self.get_fields(request, obj)
@@ -279,6 +256,9 @@ class JobAdmin(ReadOnly):
     """Jobs, quick on a table of a million finished rows: newest first by primary key,
     filters that read no job rows, and a count that stops at `count_limit`."""
 
+    #: Shown as stored to those who may change jobs, masked for viewers: what handlers
+    #: take and return, what they raised, their steps' results and their events' data.
+    masked = ("payload", "result", "errors__message", "errors__traceback", "steps__result", "events__data")
     list_filter = (KindFilter, QueueFilter, "status", LeaseFilter, NameFilter, LimitKeyFilter)
     search_fields = ("^name", "^key", "^limit_key")
     search_help_text = search.HELP
@@ -292,7 +272,8 @@ class JobAdmin(ReadOnly):
     def get_search_results(self, request, queryset, search_term):
         """A number finds that job; payload terms match a payload's field; other words find
         names, keys and limit keys by prefix (search.HELP). A term that cannot be read
-        finds nothing and says why."""
+        finds nothing and says why, and so does a payload term of a user who sees payloads
+        masked: what it found would tell the masked value."""
         pk = as_id(search_term.strip().lstrip("#"))
         if pk is not None:
             return queryset.filter(pk=pk), False
@@ -300,6 +281,10 @@ class JobAdmin(ReadOnly):
             terms = search.split(search_term)
         except ValueError as exc:
             self.message_user(request, f"Search: {exc}.", messages.WARNING)
+            return queryset.none(), False
+        if terms.payload and self.masks(request, "payload"):
+            self.message_user(request, "Search: payload fields are searched only by users who may change jobs, "
+                                       "who see payloads as stored.", messages.WARNING)
             return queryset.none(), False
         if terms.payload:
             queryset = search.by_payload(queryset, terms.payload)
@@ -319,10 +304,8 @@ class JobAdmin(ReadOnly):
         """Who may act on jobs sees payload and result as stored; viewers see them masked
         (as resource data), since handlers take and return credentials too."""
         live = JobLive.of(request)
-        if may_change(request, self.opts):
-            shown = ("payload_json", "result_json")
-        else:
-            shown = ("masked_payload", "masked_result")
+        shown = ("masked_payload" if self.masks(request, "payload") else "payload_json",
+                 "masked_result" if self.masks(request, "result") else "result_json")
         lapsed = (obj is not None and obj.status == Job.RUNNING and obj.expires_at is not None
                   and obj.expires_at <= request_now(request))
         return [
@@ -345,7 +328,8 @@ class JobAdmin(ReadOnly):
             job_id=obj.pk).exists() or JobEvent.objects.using(self.using).filter(job_id=obj.pk).exists()
 
     def _durable_fields(self, request, obj: Job) -> tuple[str, ...]:
-        shown = ("steps", "events") if may_change(request, self.opts) else ("masked_steps", "masked_events")
+        shown = ("masked_steps" if self.masks(request, "steps__result") else "steps",
+                 "masked_events" if self.masks(request, "events__data") else "events")
         return (*((JobLive.of(request).waits_for,) if obj.status == Job.READY and obj.waiting_for else ()),
                 *(("cancel_requested_at",) if obj.cancel_requested_at else ()), *shown)
 

@@ -22,7 +22,6 @@ from leases.ops.adminkit import (
     OnDatabaseInline,
     PerRequest,
     compact_time,
-    may_change,
     pretty_json,
     request_now,
 )
@@ -91,7 +90,7 @@ class ScheduleRunInline(OnDatabaseInline, admin.TabularInline):
     def get_fields(self, request, obj=None):
         """Errors quote payloads, URLs and headers, credentials included: as stored only to
         those who may change the schedule, masked for viewers (as a job's errors are)."""
-        error = "error" if may_change(request, self.parent_model._meta) else "masked_error"
+        error = "masked_error" if request.leases_admin.masks(request, "runs__error") else "error"
         return ("number", "tick", "fired", "job", "status", "duration", error)
 
     def get_readonly_fields(self, request, obj=None):
@@ -146,6 +145,9 @@ class ScheduleAdmin(OnDatabase, admin.ModelAdmin):
     how the last run ended, and the newest runs; enable, disable and run now go through
     `leases.tasks.schedules`, and each is recorded in the admin's history."""
 
+    #: Shown as stored to those who may change schedules, masked for viewers: payloads
+    #: carry credentials to the jobs they make, and errors quote them.
+    masked = ("payload", "runs__error")
     form = ScheduleForm
     list_filter = ("enabled", "source", LastStatus)
     search_fields = ("^name", "^handler", "^pipeline")
@@ -168,7 +170,7 @@ class ScheduleAdmin(OnDatabase, admin.ModelAdmin):
     def get_fieldsets(self, request, obj=None):
         """Who may change the schedule edits the payload as stored; viewers see it masked
         (as a job's), since payloads carry credentials to the jobs they make."""
-        payload = "payload" if obj is None or may_change(request, self.opts) else "masked_payload"
+        payload = "payload" if obj is None else self.shown(request, "payload")
         what = ("name", "handler", "pipeline", payload, "queue", "priority")
         when = ("cron", "every", "at", "timezone", "catch_up", "enabled")
         fieldsets = [

@@ -1,0 +1,80 @@
+"""Pipeline runs' contexts, errors and events, and their stages' and tasks' errors, items
+and results: masked for viewers (or not shown), and so neither searched nor filtered by
+them; a right and a wrong guess get the same answer. Who may steer runs filters as before."""
+from __future__ import annotations
+
+import pytest
+from django.contrib.auth.models import Permission, User
+from django.urls import reverse
+
+import tests.pipes  # noqa: F401 - registers the p.* handlers
+from leases.pipelines import Pipeline, Stage
+from leases.pipelines.models import Run, StageRun, TaskRun
+from leases.tasks.worker import JobWorker
+from tests.helpers import Rows
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("fresh_queue_settings")]
+
+RUNS = reverse("admin:leases_pipelines_run_changelist")
+LEAKY = Pipeline("adm-masked", [Stage("only", ["p.refuse"])])
+
+
+def login(client, *codenames: str) -> None:
+    user = User.objects.create_user("-".join(codenames), password="pw", is_staff=True)
+    user.user_permissions.add(*Permission.objects.filter(codename__in=codenames))
+    client.force_login(user)
+
+
+def answer(client, **params) -> tuple[int, int | None]:
+    """The status of the runs' list and, for a page, how many runs it lists."""
+    response = client.get(RUNS, params)
+    if response.status_code != 200:
+        return response.status_code, None
+    html = response.content.decode()
+    start = html.find('id="result_list"')
+    parser = Rows()
+    if start >= 0:
+        parser.feed(html[start : html.index("</table>", start)])
+    return 200, len([row for row in parser.rows if row])
+
+
+@pytest.fixture
+def secret_run() -> Run:
+    """A failed run whose context, error, events and stage's and task's errors hold
+    credentials, beside a failed run whose hold none."""
+    LEAKY.start(context={"n": 1}, key="plain")
+    run = LEAKY.start(context={"token": "RUNTOK-1"}, key="leaky")
+    JobWorker(queues=["default"], concurrency=2, burst=True, poll=0.01).run()
+    Run.objects.filter(pk=run.pk).update(error="failed with api_key=RUNKEY-2", events={"approved": {"pw": "RUNEV-3"}})
+    StageRun.objects.filter(run=run).update(error="stage: token STAGETOK-4")
+    TaskRun.objects.filter(run=run).update(error="task: token TASKTOK-5", result={"session": "TASKSES-6"})
+    return run
+
+
+GUESSES = [
+    ({"context__icontains": "RUNTOK-1"}, {"context__icontains": "WRONG-1"}),
+    ({"context__token__startswith": "RUN"}, {"context__token__startswith": "XUN"}),
+    ({"error__icontains": "RUNKEY-2"}, {"error__icontains": "WRONG-2"}),
+    ({"events__icontains": "RUNEV-3"}, {"events__icontains": "WRONG-3"}),
+    ({"events__has_key": "approved"}, {"events__has_key": "declined"}),
+]
+
+
+@pytest.mark.parametrize("right, wrong", [
+    *GUESSES,
+    ({"stages__error__icontains": "STAGETOK-4"}, {"stages__error__icontains": "WRONG-4"}),
+    ({"tasks__error__icontains": "TASKTOK-5"}, {"tasks__error__icontains": "WRONG-5"}),
+    ({"tasks__result__session": "TASKSES-6"}, {"tasks__result__session": "WRONG-6"}),
+    ({"tasks__run__context__icontains": "RUNTOK-1"}, {"tasks__run__context__icontains": "WRONG-1"}),
+])
+def test_a_viewer_cannot_guess_a_runs_context_errors_or_events(client, secret_run, right, wrong):
+    login(client, "view_run")
+    assert answer(client, **right) == answer(client, **wrong) == (400, None)
+    assert answer(client, q="RUNTOK-1") == answer(client, q="WRONG-1") == (200, 0)
+
+
+@pytest.mark.parametrize("right, wrong", GUESSES)
+def test_who_may_steer_runs_filters_by_them_as_before(client, secret_run, right, wrong):
+    login(client, "view_run", "change_run")
+    assert answer(client, **right) == (200, 1)
+    assert answer(client, **wrong) == (200, 0)
