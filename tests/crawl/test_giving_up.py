@@ -1,9 +1,11 @@
 """How a spider gives a proxy up (a ban, a rotation, its close) at Scrapy's default
-concurrency: never while requests are still out on it."""
+concurrency: never while requests are still out on it, never leaving a lease behind."""
 from __future__ import annotations
 
 import asyncio
+import signal
 import threading
+import time
 
 import pytest
 
@@ -15,6 +17,7 @@ from scrapy.http import Request
 
 from leases import NoResourceAvailable, Pool, targets
 from leases.models import Resource, ResourceTarget
+from tests.conftest import wait_for
 from tests.crawl.harness import assert_one_spider_at_a_time, banned, fetched, holdings, middleware
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -51,6 +54,29 @@ def test_spiders_of_two_sites_share_two_proxies_through_per_site_bans(crawl):
     assert any(passed_on), "no proxy passed from one spider to the other"
     assert {r.target for r in ResourceTarget.objects.filter(pool=crawl.pool)} == {"shop", "news"}
     assert list(Resource.objects.filter(pool=crawl.pool).exclude(holder="").values("name", "holder")) == []
+
+
+@pytest.mark.parametrize("when", ["first", "replacement"])
+def test_a_spider_stopped_while_it_takes_a_proxy_leaves_none_held(crawl, when):
+    """SIGTERM while an acquisition has claimed a proxy but not handed it over yet (each
+    one returns 3 s after its claim, as over a slow link): the first acquisition, or the
+    replacement of a rotation. The spider's close waits for it and releases the proxy,
+    which would otherwise stay held for its ttl (30 s) by a process that is gone."""
+    crawl.add_proxies(1)
+    spider = crawl.start(pages=1000, acquire_delay=3, LEASES_ROTATE_REQUESTS=10, LEASES_TTL=30)
+    tokens = {"first": 1, "replacement": 2}
+
+    def claimed():  # the proxy's row taken by the spider, before the spider hears of it
+        return [r for r in crawl.held_by(spider) if r.token >= tokens[when]]
+
+    wait_for(claimed, 40, f"the spider's {when} claim")
+    assert f"holding crawl-proxies/proxy-0 (token {tokens[when]})" not in crawl.log(spider)
+    spider.send_signal(signal.SIGTERM)
+    stats = crawl.finish(spider, timeout=20)
+    assert stats["finish_reason"] == "shutdown"
+    assert crawl.held_by(spider) == [], crawl.log(spider)[-3000:]
+    assert Resource.objects.get(pool=crawl.pool).holder == ""
+    assert "Traceback" not in crawl.log(spider)
 
 
 # -- the middleware driven directly, on an asyncio loop of the test's own ----------------
@@ -221,3 +247,40 @@ def test_a_spider_closed_while_a_banned_proxy_drains_writes_the_ban_and_releases
     assert holders("unit") == {"a": "", "b": ""}
     assert Resource.objects.get(pool="unit", name=the_other(name)).token == 0  # never taken
     assert mw.crawler.stats.get_value("leases/replaced") is None
+
+
+@pytest.mark.parametrize("when", ["first", "replacement"])
+def test_close_releases_what_an_acquisition_still_running_takes(unit, monkeypatch, when):
+    """An acquisition (the first, or a replacement's) that claims a proxy and hands it over
+    only after close() began: close waits for it and releases the proxy, so the spider's
+    process never ends with a proxy held that nobody knows of."""
+    acquire, slow = Pool.acquire, threading.Event()
+
+    def claim_then_stall(self, *args, stop=None, **kwargs):
+        lease = acquire(self, *args, stop=stop, **kwargs)
+        if slow.is_set():
+            stop.wait(10)  # until the holder is told to stop,
+            time.sleep(0.3)  # and a little longer: the reply of a slow database
+        return lease
+
+    monkeypatch.setattr(Pool, "acquire", claim_then_stall)
+    mw = middleware("unit", LEASES_QUARANTINE=300)
+
+    def claimed() -> bool:
+        return sum(1 for holder in holders("unit").values() if holder) == 1 and (
+            when == "first" or Resource.objects.filter(pool="unit", quarantined_until__isnull=False).exists())
+
+    async def scenario():
+        if when == "replacement":
+            first = Request("http://shop.example/1")
+            await mw.process_request(first)
+            slow.set()
+            await mw.process_response(first, banned(first))  # quarantined: the next is taken
+        else:
+            slow.set()
+            mw.spider_opened()
+        await until(claimed, "a proxy claimed")
+        await mw.close()
+        return await off_loop(holders, "unit")
+
+    assert run(scenario()) == {"a": "", "b": ""}
