@@ -72,6 +72,7 @@ class AsyncHolder:
         self._replacing: tuple[Lease, asyncio.Future] | None = None
         self._told: asyncio.Queue = asyncio.Queue()
         self._telling: asyncio.Task | None = None
+        self._working: set[asyncio.Future] = set()  # outcomes of threads still running
         self._closed = False
 
     def __repr__(self) -> str:
@@ -156,16 +157,29 @@ class AsyncHolder:
 
     async def aclose(self, timeout: float = 5.0) -> None:
         """Release the lease and stop, within about `timeout` seconds whatever the database
-        does (a lease not released frees itself after its ttl); the loop never blocks."""
-        if self._closed:
-            return
-        self._closed = True
+        does (a lease not released frees itself after its ttl); the loop never blocks.
+
+        An acquisition or replacement still running on its thread is waited for too: a
+        lease it takes as the holder closes is released there, and a process that ended
+        before that would leave it held, by nobody that knows, for its ttl."""
         if self._loop is None:
+            self._closed = True
             return  # never used: nothing is held
-        try:
-            await asyncio.wait_for(asyncio.shield(self._off_loop(self._engine.terminate, timeout)), timeout + 1)
-        except Exception as exc:  # closing must not fail the caller (a timeout included)
-            log.warning("holder of pool %r: closing took too long or failed: %s", self.pool.name, exc)
+        deadline = self._loop.time() + timeout + 1
+        if not self._closed:
+            self._closed = True
+            try:
+                await asyncio.wait_for(asyncio.shield(self._off_loop(self._engine.terminate, timeout)),
+                                       timeout + 1)
+            except Exception as exc:  # closing must not fail the caller (a timeout included)
+                log.warning("holder of pool %r: closing took too long or failed: %s", self.pool.name, exc)
+        if self._working:
+            done, late = await asyncio.wait(set(self._working), timeout=max(0.0, deadline - self._loop.time()))
+            for future in done:
+                future.cancelled() or future.exception()  # read: its caller may be gone
+            if late:
+                log.warning("holder of pool %r: %d of its threads still running after %gs; a lease they "
+                            "hold frees itself after its ttl", self.pool.name, len(late), timeout + 1)
 
     # -- between the loop and the threads ------------------------------------------
 
@@ -189,6 +203,8 @@ class AsyncHolder:
         """Run `function` on a thread of its own, which closes its connection when done."""
         loop = self._loop or asyncio.get_running_loop()
         future = loop.create_future()
+        self._working.add(future)
+        future.add_done_callback(self._working.discard)
 
         def settle(result: Any, error: BaseException | None) -> None:
             if future.done():

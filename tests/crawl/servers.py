@@ -12,6 +12,7 @@ import argparse
 import base64
 import http.client
 import json
+import random
 import signal
 import sys
 import threading
@@ -85,16 +86,45 @@ class _SiteHandler(_Quiet):
         if len(parts) != 3 or parts[1] != "page" or not parts[2].isdigit() or int(parts[2]) >= site.pages:
             self.reply(404, b"no such page\n")
             return
-        time.sleep(site.delay)
+        if site.refuses(self.headers.get("Via")):
+            self.reply(429, b"too many requests from your address\n")
+            return
+        time.sleep(site.delay if isinstance(site.delay, float) else random.uniform(*site.delay))
         self.reply(200, page(int(parts[2]), site.pages), "text/html; charset=utf-8")
 
 
 class Site(_Server):
-    """`pages` pages at /page/0 ... linking to each other, each answered after `delay` s."""
+    """`pages` pages at /page/0 ... linking to each other, each answered after `delay` s
+    (a float, or a (low, high) range to draw from).
 
-    def __init__(self, pages: int = 500, delay: float = 0.02) -> None:
+    `ban_after` = N makes it ban per proxy, as a site that counts the requests of each
+    address does: the (N+1)th request through one proxy (told apart by the `Via` header
+    the test proxies add) is answered 429 at once, and so is every request through that
+    proxy for `ban_for` seconds; then the proxy's count starts again.
+    """
+
+    def __init__(self, pages: int = 500, delay: float | tuple[float, float] = 0.02, ban_after: int = 0,
+                 ban_for: float = 1.0) -> None:
         super().__init__(_SiteHandler)
         self.pages, self.delay = pages, delay
+        self.ban_after, self.ban_for = ban_after, ban_for
+        self._served: dict[str, int] = {}  # requests answered per proxy since its last ban
+        self._banned_until: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def refuses(self, via: str | None) -> bool:
+        """Whether a request through the proxy named in `via` is banned (counts it if not)."""
+        if not self.ban_after or via is None:
+            return False
+        with self._lock:
+            now = time.monotonic()
+            if self._banned_until.get(via, 0.0) > now:
+                return True
+            if self._served.get(via, 0) >= self.ban_after:
+                self._banned_until[via], self._served[via] = now + self.ban_for, 0
+                return True
+            self._served[via] = self._served.get(via, 0) + 1
+            return False
 
 
 class _ProxyHandler(_Quiet):
@@ -115,7 +145,8 @@ class Proxy(_Server):
 
     `ban_every` = N answers 403 to every Nth request (counted over all clients), as a
     target site that bans a proxy would. With `user`, requests must carry Basic
-    Proxy-Authorization for `user`:`password` (407 otherwise).
+    Proxy-Authorization for `user`:`password` (407 otherwise). Forwarded requests carry
+    `Via: 1.1 <name>`, by which a site tells the proxies apart.
     """
 
     def __init__(self, name: str, log: Path, ban_every: int = 0, user: str | None = None,
@@ -158,10 +189,10 @@ class Proxy(_Server):
             return 403, b"banned\n", "text/plain"
         return self.forward(handler)
 
-    @staticmethod
-    def forward(handler: BaseHTTPRequestHandler) -> tuple[int, bytes, str]:
+    def forward(self, handler: BaseHTTPRequestHandler) -> tuple[int, bytes, str]:
         target = urlsplit(handler.path)
-        headers = {k: v for k, v in handler.headers.items() if k.lower() not in HOP_BY_HOP}
+        headers = {k: v for k, v in handler.headers.items() if k.lower() not in HOP_BY_HOP | {"via"}}
+        headers["Via"] = f"1.1 {self.name}"
         upstream = http.client.HTTPConnection(target.hostname, target.port or 80, timeout=10)
         try:
             path = target.path + (f"?{target.query}" if target.query else "")
@@ -193,12 +224,17 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pages", type=int, default=500)
     parser.add_argument("--delay", type=float, default=0.02)
+    parser.add_argument("--max-delay", type=float, help="draw each page's delay from --delay to this")
     parser.add_argument("--proxies", type=int, default=4)
     parser.add_argument("--ban-every", type=int, default=0,
                         help="the first proxy answers 403 to every Nth request")
+    parser.add_argument("--ban-after", type=int, default=0,
+                        help="the site answers 429 through a proxy after this many requests through it")
+    parser.add_argument("--ban-for", type=float, default=1.0, help="seconds such a ban lasts")
     parser.add_argument("--logdir", type=Path, required=True)
     args = parser.parse_args(argv)
-    site = Site(args.pages, args.delay).start()
+    delay = args.delay if args.max_delay is None else (args.delay, args.max_delay)
+    site = Site(args.pages, delay, args.ban_after, args.ban_for).start()
     proxies = [Proxy(f"proxy-{i}", args.logdir / f"proxy-{i}.jsonl", args.ban_every if i == 0 else 0).start()
                for i in range(args.proxies)]
     print(json.dumps({"site": site.url, "proxies": {p.name: p.url for p in proxies}}), flush=True)

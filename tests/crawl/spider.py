@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -33,7 +34,6 @@ class SiteSpider(scrapy.Spider):
         "LEASES_TOKEN_HEADER": "X-Lease",
         "ROBOTSTXT_OBEY": False,
         "TELNETCONSOLE_ENABLED": False,
-        "CONCURRENT_REQUESTS": 4,
         "DOWNLOAD_TIMEOUT": 10,
     }
 
@@ -74,6 +74,24 @@ def settings_from(pairs: list[str]) -> dict[str, str]:
     return settings
 
 
+def slow_acquisitions(database_url: str, delay: float) -> None:
+    """Make each acquisition return `delay` seconds after its claim committed, as over a
+    slow link to the database: a spider stopped meanwhile has a lease it was not told of."""
+    import leases
+
+    leases.configure(database_url=database_url)  # the middleware finds Django set up
+    from leases.pool import Pool
+
+    acquire = Pool.acquire
+
+    def slow(self: Pool, *args: Any, **kwargs: Any) -> Any:
+        lease = acquire(self, *args, **kwargs)
+        time.sleep(delay)
+        return lease
+
+    Pool.acquire = slow
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Crawl the test site through leased proxies.")
     parser.add_argument("--database-url", required=True)
@@ -81,8 +99,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--start", required=True, help="the URL of the first page")
     parser.add_argument("--pages", type=int, default=100)
     parser.add_argument("--stats", type=Path, help="write the crawl's stats here as JSON when it ends")
+    parser.add_argument("--acquire-delay", type=float, default=0.0,
+                        help="seconds each acquisition takes after its claim committed (a slow database)")
     parser.add_argument("-s", dest="settings", action="append", default=[], metavar="KEY=VALUE")
     args = parser.parse_args(argv)
+    if args.acquire_delay:
+        slow_acquisitions(args.database_url, args.acquire_delay)
     settings = Settings({"LEASES_POOL": args.pool, "LEASES_DATABASE_URL": args.database_url,
                          "LOG_LEVEL": "INFO"})
     settings.setdict(settings_from(args.settings), priority="cmdline")  # over the spider's, as `scrapy -s` is
@@ -91,7 +113,7 @@ def main(argv: list[str] | None = None) -> None:
     process.crawl(crawler, start=args.start, pages=args.pages)
     process.start()
     if args.stats:
-        stats = {"pid": os.getpid(), **crawler.stats.get_stats()}
+        stats = {"pid": os.getpid(), "pages_asked": len(crawler.spider.seen), **crawler.stats.get_stats()}
         args.stats.write_text(json.dumps(stats, default=str), encoding="utf-8")
 
 

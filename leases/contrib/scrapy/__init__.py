@@ -2,7 +2,9 @@
 
 Each spider holds one resource of a pool (a proxy) at a time, so two crawlers never
 share a proxy, a crawler that dies frees its proxy within the ttl, and a banned proxy
-is quarantined and swapped for another while the request is retried on it::
+is quarantined and swapped for another while the request is retried on it. A proxy the
+spider gives up (a rotation, a ban for its target) is released only once the requests
+out on it are done, and a spider that closes releases every proxy it took::
 
     DOWNLOADER_MIDDLEWARES = {"leases.contrib.scrapy.LeasesMiddleware": 700}
     LEASES_POOL = "proxies"      # resources whose data is {"url": "http://10.0.0.1:3128"}
@@ -23,8 +25,9 @@ reactor (Scrapy's default). Settings:
 - ``LEASES_BAN_RETRIES`` (5): times a banned request is retried on the next proxy before
   it is dropped (stat ``leases/bans_gave_up``).
 - ``LEASES_ROTATE_REQUESTS`` (0, never) and ``LEASES_ROTATE_SECONDS`` (0, never): swap
-  the proxy after that many requests or seconds; ``LEASES_ROTATE_COOLDOWN`` (0): seconds
-  the proxy rotated out rests before anyone gets it again.
+  the proxy after that many requests or seconds, once the requests out on it are done;
+  ``LEASES_ROTATE_COOLDOWN`` (0): seconds the proxy rotated out rests before anyone gets
+  it again.
 - ``LEASES_PROXY`` (``leases.contrib.scrapy.proxy_url``): import path of a function
   ``(resource_data, lease) -> str`` giving the proxy URL of a resource.
 - ``LEASES_TOKEN_HEADER`` (None): a header that carries ``<pool>/<name> <token>`` on each
@@ -34,9 +37,10 @@ reactor (Scrapy's default). Settings:
 - ``LEASES_HOLDER`` (host:pid): the holder name stored in the lease.
 - ``LEASES_TARGET`` (None): the site this spider crawls. With it, a ban is that target's
   only (`leases.targets`): the proxy is banned for the target for ``LEASES_QUARANTINE``
-  seconds and swapped, stays usable for other spiders' targets and for jobs of other
-  targets, and the spider only takes proxies its target does not refuse (the bans jobs of
-  the queue record too). Without it, a ban quarantines the proxy for everyone.
+  seconds and, once the requests out on it are done, released for other spiders' targets
+  and jobs of other targets; the spider only takes proxies its target does not refuse
+  (the bans jobs of the queue record too). Without it, a ban quarantines the proxy for
+  everyone at once (it goes to nobody, so nothing waits).
 
 A request whose ``meta`` has ``leases_skip`` or a ``proxy`` of its own is left alone.
 Every request sent through a lease carries ``meta["leases"]`` (pool, name, id, token).

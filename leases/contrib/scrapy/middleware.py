@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -17,6 +16,7 @@ from twisted.python.failure import Failure
 
 from ...exceptions import LeaseError, LeaseLost, NoResourceAvailable
 from .config import Config, build, setup_django
+from .handover import Handover, Key, key_of, where
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
@@ -31,27 +31,15 @@ T = TypeVar("T")
 #: Seconds between two looks of a waiting request at whether the spider is closing: a
 #: spider stopped while it waits for a proxy must not wait out LEASES_WAIT.
 CLOSING_POLL = 0.1
-#: Seconds between two looks of a rotation at the requests still running on the proxy.
+#: Seconds between two looks of a hand-over at the requests still out on the proxy.
 DRAIN_POLL = 0.02
-#: Where the middleware keeps its own mark on a request it counts as in flight.
-_IN_FLIGHT = "_leases_in_flight"
+#: Seconds close() waits for a hand-over still writing the target's ban.
+CLOSE_WAIT = 5.0
 
 
-def same(tag: dict | None, lease: Lease | None) -> bool:
-    """Whether a request's tag names this very holding (the resource row and its token)."""
-    return tag is not None and lease is not None and (tag["id"], tag["token"]) == (lease.id, lease.token)
-
-
-def where(lease: Lease) -> str:
-    return f"{lease.pool}/{lease.name} (token {lease.token})"
-
-
-Key = tuple[int, int]
-
-
-def key_of(lease: Lease) -> Key:
-    """A holding: the slot's row and its token (a new acquisition of the row has a new one)."""
-    return (lease.id, lease.token)
+def tag_key(tag: dict) -> Key:
+    """The holding a request's tag names (the resource row and its token)."""
+    return (tag["id"], tag["token"])
 
 
 class LeasesMiddleware:
@@ -60,7 +48,8 @@ class LeasesMiddleware:
     The lease is taken when the spider opens (requests wait for it), kept alive and
     re-taken after a loss by an AsyncHolder, whose database work runs on its own thread,
     and released when the spider closes or the engine stops. While a holding is being
-    given up (a ban, a rotation) new requests wait for the next one.
+    given up (a ban, a rotation: a `Handover`) new requests wait for the next one, and it
+    is released only once the requests out on it are done.
     """
 
     def __init__(self, crawler: Crawler, config: Config) -> None:
@@ -73,8 +62,8 @@ class LeasesMiddleware:
         self.proxy_of: Callable[[Any, Lease], str] = load_object(config.proxy)
         self.holder: AsyncHolder | None = None
         self._first: asyncio.Future | None = None  # the first acquisition, which requests wait for
-        self._replacing: tuple[Key, asyncio.Future, dict] | None = None  # holding given up, task, how
-        self._in_flight: Counter[Key] = Counter()  # requests out, by holding
+        self._handover: Handover | None = None  # the latest holding given up
+        self._out: dict[Key, set[Request]] = {}  # requests out, by holding
         self._use: tuple[Key, int, float] | None = None  # (holding, requests sent, first sent at)
         self._proxy: tuple[Key, str] | None = None
         self._closing = False
@@ -138,16 +127,20 @@ class LeasesMiddleware:
         await self.close()
 
     async def close(self) -> None:
-        """Stop waiting and release the lease; never blocks the reactor (idempotent)."""
+        """Stop waiting and release every lease the holder took; never blocks the reactor
+        (idempotent). Scrapy closes a spider once its requests are done, so the proxy is
+        released with none out on it."""
         self._closing = True  # requests waiting for a lease stop waiting
         holder = self.holder
         if holder is None or self._closed:
             return
         self._closed = True
         lease, held = holder.lease, holder.held
-        await holder.aclose()  # ends an acquisition or replacement still waiting, too
-        if self._replacing is not None and not self._replacing[1].done():
-            self._replacing[1].cancel()
+        await holder.aclose()  # and what an acquisition or replacement still running takes
+        handover = self._handover
+        if handover is not None and handover.pending():  # a target's ban being written
+            await asyncio.wait({handover.task}, timeout=CLOSE_WAIT)
+            handover.task.cancel()
         if lease is not None:
             log.info("leases: %s %s", "released" if held else "let go of", where(lease))
 
@@ -193,21 +186,25 @@ class LeasesMiddleware:
                 task.cancel()
 
     def _ready(self, holder: AsyncHolder) -> Lease | None:
-        """The lease a request may use now: held, and not being given up."""
+        """The lease a request may use now: held, and not given up."""
         first = self._first
         if first is None or not first.done() or first.cancelled() or first.exception() is not None:
             return None
-        if self._replacing is not None and not self._replacing[1].done():
+        lease = holder.lease if holder.held else None
+        if lease is None or self._given_up(key_of(lease)):
             return None
-        return holder.lease if holder.held else None
+        return lease
+
+    def _given_up(self, key: Key) -> bool:
+        return self._handover is not None and self._handover.key == key
 
     def _change(self, holder: AsyncHolder) -> tuple[Awaitable[Any], bool]:
         """What a request without a usable lease waits for, and whether others share it."""
         first = self._first
         if first is not None and (not first.done() or first.cancelled() or first.exception() is not None):
             return first, True  # done with an error: awaiting it raises the error
-        if self._replacing is not None and not self._replacing[1].done():
-            return self._replacing[1], True
+        if self._handover is not None and self._handover.pending():
+            return self._handover.task, True
         return holder.wait_held(), False
 
     async def _lease(self) -> Lease:
@@ -223,6 +220,8 @@ class LeasesMiddleware:
         deadline = time.monotonic() + self.config.wait
         try:
             while (lease := self._ready(holder)) is None:
+                if self._stopping():  # a holding given up as the spider closes stays until close()
+                    raise IgnoreRequest("the spider is closing")
                 awaitable, shared = self._change(holder)
                 await self._until(awaitable, deadline, shared)
         except IgnoreRequest:
@@ -283,8 +282,7 @@ class LeasesMiddleware:
                 self._proxy = (key_of(lease), self.proxy_of(lease.resource, lease))
             except Exception as exc:  # the user's function: any failure means unusable data
                 log.error("leases: no proxy URL for %s (%s); quarantining it", where(lease), exc)
-                reason = f"bad resource data: {exc}"
-                self._replace_soon(lease, quarantine=self.config.quarantine, reason=reason)
+                self._hand_over(lease, quarantine=(self.config.quarantine, f"bad resource data: {exc}"))
                 return None
         return self._proxy[1]
 
@@ -293,23 +291,36 @@ class LeasesMiddleware:
         request.meta["leases"] = {"pool": lease.pool, "name": lease.name, "id": lease.id,
                                   "token": lease.token}
         request.meta["proxy"] = url
-        request.meta[_IN_FLIGHT] = True
         if self.config.token_header:
             request.headers[self.config.token_header] = f"{lease.pool}/{lease.name} {lease.token}"
-        self._in_flight[key] += 1
+        self._out.setdefault(key, set()).add(request)
         _, count, since = self._use if self._use and self._use[0] == key else (key, 0, time.monotonic())
         self._use = (key, count + 1, since)
         self.stats.inc_value("leases/requests")
 
     def _done(self, request: Request) -> dict | None:
-        """The request's lease tag, and it no longer counts as in flight on that holding."""
+        """The request's lease tag, and it is no longer out on that holding."""
         tag = request.meta.get("leases")
-        if tag is not None and request.meta.pop(_IN_FLIGHT, False):
-            key = (tag["id"], tag["token"])
-            self._in_flight[key] -= 1
-            if self._in_flight[key] <= 0:
-                del self._in_flight[key]
+        if tag is not None:
+            self._forget(tag_key(tag), {request})
         return tag
+
+    def _forget(self, key: Key, requests: set[Request]) -> None:
+        out = self._out.get(key)
+        if out is not None:
+            out -= requests
+            if not out:
+                del self._out[key]
+
+    def _out_on(self, key: Key) -> int:
+        """How many requests are out on a holding. One the downloader no longer has ended
+        without reaching this middleware (one after it answered or replaced it): not out."""
+        out = self._out.get(key)
+        downloader = getattr(self._engine(), "downloader", None)
+        active = getattr(downloader, "active", None)
+        if out and isinstance(active, set):
+            self._forget(key, {r for r in out if r not in active})
+        return len(self._out.get(key, ()))
 
     async def process_response(self, request: Request, response: Response,
                                spider: Any = None) -> Response | Request:
@@ -328,23 +339,30 @@ class LeasesMiddleware:
     # -- bans and rotation -----------------------------------------------------------
 
     def _banned(self, request: Request, tag: dict, what: str) -> Request:
-        """Quarantine the holding the ban was seen through, if it is still ours, and retry
-        the request on the next resource. A ban seen through an older holding says
-        nothing about the current one, so it only costs the request a retry."""
+        """Give up the holding the ban was seen through, if it is still ours (banned for the
+        target, else quarantined), and retry the request on the next resource. A ban seen
+        through a holding already given up says nothing about the current one, so it only
+        costs the request a retry."""
         lease = self.holder.lease if self.holder is not None else None
+        key, handover, target = tag_key(tag), self._handover, self.config.target
         name = f"{tag['pool']}/{tag['name']} (token {tag['token']})"
-        if lease is not None and same(tag, lease) and self.config.target:
-            self.stats.inc_value("leases/bans")
-            log.warning("leases: ban on %s: %s; banning it for target %r for %gs", name, what, self.config.target,
-                        self.config.quarantine)
-            self._replace_soon(lease, ban=f"ban: {what}")
-        elif lease is not None and same(tag, lease):
-            self.stats.inc_value("leases/bans")
-            log.warning("leases: ban on %s: %s; quarantining it for %gs", name, what, self.config.quarantine)
-            self._replace_soon(lease, quarantine=self.config.quarantine, reason=f"ban: {what}")
-        else:
+        joins = handover is not None and handover.key == key
+        if lease is None or key_of(lease) != key or (joins and not handover.open()):
             self.stats.inc_value("leases/bans_ignored")
             log.info("leases: ban seen through %s, no longer the current holding: %s", name, what)
+            return self._retry(request, what)
+        self.stats.inc_value("leases/bans")
+        if joins and (handover.ban if target else handover.quarantine) is not None:
+            log.info("leases: another ban on %s: %s", name, what)
+        elif target:
+            log.warning("leases: ban on %s: %s; banning it for target %r for %gs and giving it up once its "
+                        "requests are done", name, what, target, self.config.quarantine)
+        else:
+            log.warning("leases: ban on %s: %s; quarantining it for %gs", name, what, self.config.quarantine)
+        if target:
+            self._hand_over(lease, ban=f"ban: {what}")
+        else:
+            self._hand_over(lease, quarantine=(self.config.quarantine, f"ban: {what}"))
         return self._retry(request, what)
 
     def _retry(self, request: Request, what: str) -> Request:
@@ -356,55 +374,90 @@ class LeasesMiddleware:
             log.warning("leases: giving up on %s after %d retries on other resources (%s)",
                         request.url, retries, what)
             raise IgnoreRequest(f"banned {retries + 1} times: {what}")
-        meta = {k: v for k, v in request.meta.items() if k not in ("leases", "proxy", _IN_FLIGHT)}
+        meta = {k: v for k, v in request.meta.items() if k not in ("leases", "proxy")}
         meta["leases_ban_retries"] = retries + 1
         retry = request.replace(meta=meta, dont_filter=True)
         if self.config.token_header:
             retry.headers.pop(self.config.token_header, None)
         return retry
 
-    def _replace_soon(self, lease: Lease, **how: Any) -> None:
-        """Start giving `lease` up for the next resource, in the background and once per
-        holding; requests wait for it meanwhile. A ban that comes while a rotation waits
-        for its requests turns the rotation into a quarantine."""
-        key = key_of(lease)
-        if self._replacing is not None and self._replacing[0] == key and not self._replacing[1].done():
-            self._replacing[2].update(how)
-            return
-        self._replacing = (key, asyncio.ensure_future(self._replace(lease, how)), how)
+    # -- giving a holding up ---------------------------------------------------------
 
-    async def _replace(self, lease: Lease, how: dict) -> None:
-        if how.pop("drain", False):
-            await self._drain(lease, how)
-        reason = how.pop("ban", None)
-        if reason is not None:  # the target's only: recorded, then the proxy is swapped as a rotation is
-            from ... import targets  # after Django is set up (setup_django)
+    def _hand_over(self, lease: Lease, **verdict: Any) -> None:
+        """Give `lease` up in the background, once per holding (see `Handover` for the
+        verdicts); a verdict on a holding already being given up joins its hand-over."""
+        handover = self._handover
+        if handover is None or handover.key != key_of(lease):
+            handover = self._handover = Handover(lease)
+            handover.add(**verdict)
+            handover.task = asyncio.ensure_future(self._give_back(handover))
+        else:
+            handover.add(**verdict)
 
-            c = self.config
-            try:
-                await asyncio.get_running_loop().run_in_executor(
-                    None, lambda: targets.ban(c.pool, lease.name, c.target, c.quarantine, reason, self.pool.using))
-            except Exception as exc:  # noqa: BLE001 - the swap still happens; the ban is lost
-                log.warning("leases: could not record the ban of %s for %r: %s", where(lease), c.target, exc)
+    async def _give_back(self, handover: Handover) -> None:
+        """Settle the hand-over's verdict (writing the target's ban, waiting for the requests
+        out on the proxy), then have the holder release or quarantine it and take the next."""
+        await self._settle(handover)
+        if handover.quarantine is None and self._stopping():
+            return  # close() releases it, once Scrapy has no request left out
+        handover.commit()
+        lease = handover.lease
         try:
-            await self._start().replace(of=lease, **how)
+            if handover.quarantine is not None:
+                seconds, reason = handover.quarantine
+                await self._start().replace(of=lease, quarantine=seconds, reason=reason)
+            else:
+                await self._start().replace(of=lease, cooldown=handover.cooldown)
         except LeaseLost as exc:
             log.info("leases: %s was lost before it could be given up: %s", where(lease), exc)
         except Exception as exc:  # a database error or the pool emptied: nothing to send through
             self._give_up(exc)
 
-    async def _drain(self, lease: Lease, how: dict) -> None:
-        """Let the requests out on `lease` finish before it is released, for at most a
-        ttl: whoever gets its proxy next must not share it with them. A quarantined
-        proxy goes to nobody, so a ban ends the wait."""
-        key = key_of(lease)
-        deadline = time.monotonic() + min(self.config.ttl, lease.remaining())
-        while self._in_flight.get(key) and not {"quarantine", "ban"} & set(how) and not self._stopping():
-            if time.monotonic() >= deadline:
-                log.warning("leases: rotating %s with %d requests still out", where(lease),
-                            self._in_flight[key])
+    async def _settle(self, handover: Handover) -> None:
+        """Write the target's ban, and (unless the proxy is quarantined: it goes to nobody)
+        wait until no request is out on it, so that its next holder never shares it with
+        them. They end within DOWNLOAD_TIMEOUT, when Scrapy cancels them; the lease stays
+        renewed meanwhile. The wait ends early if the lease is lost (it is no longer ours to
+        release) or the spider closes (close() releases it when the requests are done)."""
+        written, started, said = False, time.monotonic(), False
+        while True:
+            if handover.ban is not None and not written:
+                written = True
+                await self._write_ban(handover.lease, handover.ban)
+                continue  # a quarantine may have come meanwhile
+            out = self._out_on(handover.key)
+            if handover.quarantine is not None or not out or self._stopping() or not self._ours(handover.lease):
                 return
+            if not said and time.monotonic() - started >= self.config.ttl:
+                said = True
+                log.warning("leases: %d requests still out on %s after %.0fs; it is released when they end",
+                            out, where(handover.lease), time.monotonic() - started)
             await asyncio.sleep(DRAIN_POLL)
+
+    def _ours(self, lease: Lease) -> bool:
+        """Whether `lease` is still the holder's and surely not passed on."""
+        current = self.holder.lease if self.holder is not None else None
+        return current is not None and key_of(current) == key_of(lease) and lease.remaining() > 0
+
+    async def _write_ban(self, lease: Lease, reason: str) -> None:
+        """Record the ban of `lease`'s resource for the spider's target (not holder-checked:
+        the site's verdict holds whoever has the proxy)."""
+        from django.db import connections
+
+        from ... import targets  # after Django is set up (setup_django)
+
+        c = self.config
+
+        def write() -> None:
+            try:
+                targets.ban(c.pool, lease.name, c.target, c.quarantine, reason, self.pool.using)
+            finally:
+                connections.close_all()  # this executor thread's own
+
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, write)
+        except Exception as exc:  # noqa: BLE001 - the proxy is still given up; the ban is lost
+            log.warning("leases: could not record the ban of %s for %r: %s", where(lease), c.target, exc)
 
     def _rotation_due(self, lease: Lease) -> bool:
         if self._use is None or self._use[0] != key_of(lease):
@@ -421,5 +474,5 @@ class LeasesMiddleware:
         self.stats.inc_value("leases/rotations")
         log.info("leases: rotating out %s after %d requests in %.1fs (resting %gs)", where(lease),
                  self._use[1], time.monotonic() - self._use[2], self.config.rotate_cooldown)
-        self._replace_soon(lease, drain=True, cooldown=self.config.rotate_cooldown)
+        self._hand_over(lease, cooldown=self.config.rotate_cooldown)
         return await self._lease()
