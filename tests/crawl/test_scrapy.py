@@ -8,7 +8,9 @@ within its ttl, a ban quarantining only the holding it was seen through.
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
+import socket
 import time
 
 import pytest
@@ -203,6 +205,9 @@ def test_with_a_target_a_ban_is_that_targets_only_and_shared_with_jobs():
     assert not targets.unusable_now("unit", "other.example", ["a", "b"])
     assert Pool("unit", target="shop.example").acquire(ttl=5).name != banned_name  # acquirers of the target too
     assert mw.crawler.stats.get_value("leases/bans") == 1
+    (said,) = targets.history("default", pool="unit")  # the log names the spider's holding: host:pid:random
+    assert (said.name, said.target, said.kind) == (banned_name, "shop.example", "ban")
+    assert said.holder.startswith(f"{socket.gethostname()}:{os.getpid()}:")
 
 
 @pytest.mark.django_db(transaction=False)
