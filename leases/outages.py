@@ -4,7 +4,7 @@ work uses them, and a count of the connections each database lost in this proces
 `leases.db.run` notes each connection it sees die under a statement or refused (`lost`).
 A connection kept for later, such as a worker's handler thread's from job to job, is
 replaced before its next use when the count of its database moved since it was last
-known good (`seen`, `since`): every connection of a process goes through the same outage,
+known good (`seen`): every connection of a process goes through the same outage,
 and the thread's own statement would otherwise be the one to find out, failing its job's
 attempt. A connection that its server (or a proxy) closed is found without a round trip:
 its socket has something to read while no statement awaits a reply (`closed_by_peer`).
@@ -30,13 +30,9 @@ def lost(alias: str) -> None:
 
 
 def seen() -> dict[str, int]:
-    """The connections each database lost so far in this process, for `since`."""
+    """The connections each database lost so far in this process, by alias: a database
+    whose count moved between two answers went through an outage in between."""
     return dict(_lost)
-
-
-def since(alias: str, earlier: dict[str, int]) -> bool:
-    """Whether `alias` lost a connection after `earlier` (an answer of `seen`)."""
-    return _lost.get(alias, 0) != earlier.get(alias, 0)
 
 
 def closed_by_peer(connection: BaseDatabaseWrapper) -> bool:
