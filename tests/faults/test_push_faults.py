@@ -18,7 +18,7 @@ from django.db import connection, connections
 
 import tests.jobs  # noqa: F401 - registers noop
 from leases.tasks import push, push_many
-from leases.tasks.models import Job
+from leases.tasks.models import Job, Queue
 from tests.conftest import wait_for
 from tests.helpers import drain_and_check, log_lines
 
@@ -99,6 +99,27 @@ def test_a_push_merged_into_a_waiting_job_whose_reply_is_lost_neither_merges_twi
     rows = list(Job.objects.filter(key="once").values_list("pk", "status", "pushes"))
     assert rows == [(first.pk, Job.SUCCEEDED, 2)]  # merged once, into the job that ran
     assert again.pk == first.pk and again.merged
+    runs = drain_and_check(workers, [proc], log, 1)
+    assert runs == {0: 1}
+
+
+def test_a_push_that_moves_the_waiting_job_of_its_key_in_a_full_queue_counts_once_and_survives_a_lost_reply(
+        workers, proxy, proxied, outage_until, tmp_path):
+    """A full queue takes no new job, but a push of a waiting job's key moves that job. It
+    used to move it and then merge into it too (pushes counted twice); and after a lost
+    reply, the job started meanwhile, the retry found nothing to move and the push failed
+    with QueueFull although it had moved the job."""
+    log = tmp_path / "runs.log"
+    Queue.objects.create(name="default", max_length=1)
+    first = push("noop", {"n": 0, "log": str(log)}, key="once", delay=3600)  # the queue is full
+    proc = workers.start()
+    rule = proxy.drop_reply(r"^\s*UPDATE \S+ SET run_at", count=1, refuse=math.inf)
+    errors = outage_until(rule, lambda: succeeded(key="once"))
+    moved = push("noop", {"n": 0, "log": str(log)}, key="once", using=proxied)
+    assert rule.dropped == 1 and not errors, errors
+    rows = list(Job.objects.filter(key="once").values_list("pk", "status", "pushes"))
+    assert rows == [(first.pk, Job.SUCCEEDED, 2)]
+    assert moved.pk == first.pk and moved.merged
     runs = drain_and_check(workers, [proc], log, 1)
     assert runs == {0: 1}
 

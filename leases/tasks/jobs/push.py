@@ -289,7 +289,7 @@ def _batch_written(cursor: Any, jobs: Sequence[NewJob], push_id: int) -> bool:
     return cursor.fetchone() is not None
 
 
-def insert_one(job: NewJob, using: str) -> tuple:
+def insert_one(job: NewJob, using: str, push_id: int) -> tuple:
     """Write one job; its row as the database holds it after the push (a new one, or the
     waiting one its key merged into).
 
@@ -303,14 +303,11 @@ def insert_one(job: NewJob, using: str) -> tuple:
     that carries its push id (new, or merged into; waiting, running or ended by now) is
     then its job, and only when none does is it written again.
     """
-    push_id = new_push_id()
 
     def work(cursor: Any, resumed: bool) -> tuple:
         st = sql.jobs(cursor.db)
-        if resumed:
-            cursor.execute(st.pushed_by, (job.key, push_id, push_id))
-            if row := cursor.fetchone():
-                return row
+        if resumed and (row := _pushed_row(cursor, job, push_id)):
+            return row
         if not job.pool and cursor.db.features.can_return_columns_from_insert:
             return _upsert_returning(cursor, st, job, push_id)
         with db.write_transaction(cursor.db.alias):
@@ -333,17 +330,28 @@ def _upsert_returning(cursor: Any, st: Any, job: NewJob, push_id: int) -> tuple:
     return row[:-1] if wake else row
 
 
-def reschedule(job: NewJob, using: str | None = None) -> bool:
-    """Move the waiting job with this key to the new run time; False if none waits."""
+def _pushed_row(cursor: Any, job: NewJob, push_id: int) -> tuple | None:
+    """The row of `job`'s key that `push_id` wrote or merged into, as it is now; None if none."""
+    cursor.execute(sql.jobs(cursor.db).pushed_by, (job.key, push_id, push_id))
+    return cursor.fetchone()
 
-    def work(cursor: Any, resumed: bool) -> bool:
+
+def reschedule(job: NewJob, using: str, push_id: int) -> tuple | None:
+    """Move the waiting job with this key to the new run time, counting the push (a full
+    queue's dedupe, which adds no waiting job); its row, or None if none waits. Two
+    statements where an UPDATE returns no row: a claim in between leaves the row found by
+    the push's id, as does a retry after a lost reply."""
+
+    def work(cursor: Any, resumed: bool) -> tuple | None:
+        if resumed and (row := _pushed_row(cursor, job, push_id)):
+            return row
         st = sql.jobs(cursor.db)
         if job.run_at is not None:
             when, statement = db.dialect(cursor.db).stored_datetime(job.run_at), st.move_waiting_at
         else:
             when, statement = db.dialect(cursor.db).seconds(job.delay), st.move_waiting_after
-        cursor.execute(statement, (when, job.priority, job.key))
-        return cursor.rowcount > 0
+        cursor.execute(statement, (when, job.priority, push_id, job.key))
+        return _pushed_row(cursor, job, push_id) if cursor.rowcount > 0 else None
 
     return db.run(work, using)
 
@@ -392,11 +400,14 @@ def submit(job: NewJob, using: str | None = None) -> Job | None:
     to the database its queue is routed to."""
     using = routing.route("queues", job.queue, using)
     queue = queues.queue_settings(job.queue, using)
-    if not queues.has_room(queue, 1, using) and not reschedule(job, using):
+    push_id = new_push_id()
+    if not queues.has_room(queue, 1, using):
+        if moved := reschedule(job, using, push_id):
+            return _as_job(job, moved, using)
         if not queues.make_room(queue, 1, using):
-            _buffer.add(queue, [job], using, 1, new_push_id())
+            _buffer.add(queue, [job], using, 1, push_id)
             return None
-    return _as_job(job, insert_one(job, using), using)
+    return _as_job(job, insert_one(job, using, push_id), using)
 
 
 def _batches(jobs: Sequence[NewJob]) -> Iterable[Sequence[NewJob]]:

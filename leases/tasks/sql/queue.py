@@ -77,10 +77,15 @@ JOBS = {
     "ids_by_key": "SELECT pending_key, id FROM {j} WHERE pending_key IN (",
     # ... or returned by the upsert itself, where an INSERT returns columns.
     "returning_ids": " RETURNING pending_key, id",
-    # Move a waiting job (dedupe when its queue is full). params: delay (or run time),
-    # priority, pending key
-    "move_waiting_after": "UPDATE {j} SET run_at = {later}, priority = %s, pushes = pushes + 1 WHERE pending_key = %s",
-    "move_waiting_at": "UPDATE {j} SET run_at = %s, priority = %s, pushes = pushes + 1 WHERE pending_key = %s",
+    # Move a waiting job (dedupe when its queue is full), as a merge does. params: delay
+    # (or run time), priority, push id, pending key
+    "move_waiting_after": (
+        "UPDATE {j} SET run_at = {later}, priority = %s, pushes = pushes + 1, merged_push_id = %s"
+        " WHERE pending_key = %s"
+    ),
+    "move_waiting_at": (
+        "UPDATE {j} SET run_at = %s, priority = %s, pushes = pushes + 1, merged_push_id = %s WHERE pending_key = %s"
+    ),
     # -- queues and their bounds --
     # Is the queue holding at least n waiting jobs (of any pool's lane)? params: queue, n - 1
     "queue_holds": "SELECT 1 FROM {j} WHERE status = {job.ready} AND queue = %s LIMIT 1 OFFSET %s",
