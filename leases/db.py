@@ -8,7 +8,9 @@ by the client, so a client with a wrong clock can neither steal nor lose a lease
 `run()` wraps one short unit of work: it retries deadlocks, lock-wait timeouts and
 SQLite's "database is locked" with jittered backoff, reopens a dropped connection, and
 waits out a refused one for a few seconds. Anything longer reaches the caller as
-Django's OperationalError; `transient()` tells such an outage from a real error.
+Django's OperationalError; `transient()` tells such an outage from a real error. Each
+connection it sees die is noted in `leases.outages`, so that connections kept elsewhere
+in the process (a worker's handler threads') are replaced before their next use.
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ from django.db import InterfaceError, InternalError, OperationalError, connectio
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from . import conf, watchdog
+from .outages import close, drop_if_broken, lost, one_line
 
 log = logging.getLogger("leases.db")
 
@@ -355,8 +358,10 @@ def run(
 ) -> T:
     """Run `work(cursor, resumed)` and retry it on transient errors.
 
-    `resumed` is true when an earlier attempt died with the connection, so its outcome is
-    unknown: the statement may have committed. Work that is not idempotent checks first.
+    `resumed` is true when an earlier attempt lost its connection after it began, so its
+    outcome is unknown: the statement may have committed. That includes a refused
+    connection inside the work: Django reconnects as a transaction whose COMMIT reply was
+    lost ends, and that error replaces the COMMIT's. Work that is not idempotent checks first.
     A refused connection is retried with longer pauses (4 to 9 s in all) than a lost
     race. Inside a caller's transaction nothing is retried: the transaction is already lost.
 
@@ -394,9 +399,10 @@ def run(
                 raise
             kinds.append(_label(exc, kind))
             log.debug("transient database error (%s), attempt %d of %d: %s", kind, attempt + 1, attempts, exc)
-            if kind != "retry":
+            if kind != "retry":  # the connection died, or a new one was refused
                 close(connection)
-                resumed = resumed or (sent and kind == "reconnect")
+                lost(connection.alias)
+                resumed = resumed or sent
             if kind == "unreachable":  # a server restarting: pause longer, never next to nothing
                 step = min(2.0, 0.1 * 2**attempt)
                 time.sleep(step / 2 + random.uniform(0, step / 2))
@@ -426,44 +432,10 @@ def notifications(connection: BaseDatabaseWrapper, timeout: float) -> list[str]:
         return [note.payload for note in connection.connection.notifies(timeout=timeout, stop_after=1)]
 
 
-def one_line(exc: BaseException) -> str:
-    """An expected failure, for a DEBUG line: its type and first line, no traceback (the
-    tracebacks in a log are kept for what nobody expected)."""
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}"
-
-
-def drop_if_broken(connection: BaseDatabaseWrapper) -> None:
-    """Close a connection on which a statement failed and that no longer answers.
-
-    Django wraps the error of a statement (an ORM read too) and keeps the connection, which
-    after an outage or a terminated session is dead: the next statement on it would fail
-    again, with the driver's own error where Django does not wrap the call. One trivial
-    query after a failure, none otherwise; never inside a caller's transaction."""
-    if connection.connection is None or not connection.errors_occurred or connection.in_atomic_block:
-        return
-    try:
-        usable = connection.is_usable()
-    except Exception:  # noqa: BLE001 - a driver that cannot even tell: treat it as dead
-        usable = False
-    if usable:
-        connection.errors_occurred = False
-    else:
-        close(connection)
-
-
 def driver_errors(using: str | None = None) -> tuple[type[BaseException], ...]:
     """Django's database error and the driver's own: what a long-running loop survives,
     should an error of the driver ever escape Django's wrapping."""
     return DatabaseError, connections[alias(using)].Database.Error
-
-
-def close(connection: BaseDatabaseWrapper) -> None:
-    """Drop a connection that died; closing it may fail too, and that is no news."""
-    try:
-        connection.close()
-    except Exception as exc:  # noqa: BLE001 - Django forgets the connection either way
-        log.debug("closing a dead connection failed: %s", one_line(exc))
 
 
 def table(model: Any, connection: BaseDatabaseWrapper) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import math
 import queue
 import random
 import re
@@ -37,10 +38,12 @@ _WAKE, _LISTEN = "wake", "listen"  # selector data of the two sockets that are n
 
 
 class DropRule:
-    """Loses the server's reply to matching queries; ``dropped`` counts the replies lost."""
+    """Loses the server's reply to matching queries; ``dropped`` counts the replies lost.
+    With ``refuse``, each lost reply also begins an outage of that many seconds (inf: until
+    allow())."""
 
     def __init__(self, pattern: str, probability: float, count: int | None, seed: int | None,
-                 after: str | None = None) -> None:
+                 after: str | None = None, refuse: float | None = None) -> None:
         if not 0.0 <= probability <= 1.0:
             raise ValueError(f"probability must be within [0, 1], not {probability!r}")
         if count is not None and count < 0:
@@ -49,6 +52,7 @@ class DropRule:
         self.after = re.compile(after, re.IGNORECASE) if after is not None else None
         self.probability = probability
         self.count = count
+        self.refuse = refuse
         self.dropped = 0
         self._armed = 0  # queries forwarded whose reply is still to be lost
         self._random = random.Random(seed)
@@ -149,15 +153,17 @@ class FaultProxy:
         return self._address[1]
 
     def drop_reply(self, pattern: str, probability: float = 1.0, count: int | None = None,
-                   seed: int | None = None, after: str | None = None) -> DropRule:
+                   seed: int | None = None, after: str | None = None, refuse: float | None = None) -> DropRule:
         """Lose the reply to matching queries once the server has begun it, i.e. has run them;
-        with ``after``, only to those that follow a query matching it on their connection.
+        with ``after``, only to those that follow a query matching it on their connection;
+        with ``refuse``, then refuse connections for that many seconds (``math.inf``: until
+        allow()), as an outage that began with that reply would.
 
         The connection is cut at the first byte of the reply. A MySQL COM_QUERY or a
         PostgreSQL simple query is matched when read; a PostgreSQL Execute (extended
         protocol) is matched, with the text its statement was parsed from, once the Sync or
         Flush that ends its batch has been read, so the server runs the whole batch first."""
-        rule = DropRule(pattern, probability, count, seed, after)
+        rule = DropRule(pattern, probability, count, seed, after, refuse)
         with self._rules_lock:
             self._rules = (*self._rules, rule)
         return rule
@@ -440,6 +446,8 @@ class FaultProxy:
             rule.dropped += 1
             self._dropped += 1
             self._close(conn)
+            if rule.refuse is not None:
+                self._refuse(None if math.isinf(rule.refuse) else rule.refuse)
             return
         if not data:
             conn.to_server.clear()

@@ -14,9 +14,10 @@ import time
 import pytest
 from django.db import connection
 
+import tests.faults.db_handlers  # noqa: F401 - registers faults.read
 import tests.jobs  # noqa: F401 - registers noop
 from leases.tasks import push_many
-from leases.tasks.models import Job
+from leases.tasks.models import Job, JobError
 from tests.conftest import wait_for
 from tests.helpers import drain_and_check
 
@@ -89,3 +90,60 @@ def test_four_workers_ride_out_their_sessions_ended_by_the_server_five_times(wor
         time.sleep(1.5)
 
     rounds(workers, procs, tmp_path / "runs.log", 5, 200, ended)
+
+
+# -- the connections the handler threads keep from job to job ---------------------------------
+
+
+def reads(log, start: int, count: int, nap: float) -> int:
+    """Push jobs `start` to `start + count - 1` of a handler that naps, then reads the
+    database; the next start."""
+    push_many([("faults.read", {"n": n, "nap": nap, "log": str(log)}) for n in range(start, start + count)])
+    return start + count
+
+
+def no_attempt_failed(total: int) -> None:
+    """Every job succeeded at its first attempt: none failed one on a dead connection."""
+    errors = list(JobError.objects.values_list("job_id", "message"))
+    assert not errors, errors
+    assert list(Job.objects.values_list("status", "attempt").distinct()) == [(Job.SUCCEEDED, 1)]
+    assert Job.objects.count() == total
+
+
+def four_threads_keep_connections(proxied_workers, log) -> tuple:
+    """A worker at --concurrency 4 whose four threads each ran a job that read the
+    database, so each keeps a connection (through the proxy); the worker and the next n."""
+    proc = proxied_workers.start("--import", "tests.faults.db_handlers", "--concurrency", "4")
+    total = reads(log, 0, 8, 0.3)  # four at a time: each thread runs two
+    wait_for(lambda: succeeded() == total, 60, "the first jobs to run")
+    assert len(set(Job.objects.values_list("result", flat=True))) == 4  # four threads ran them
+    return proc, total
+
+
+def test_after_an_outage_jobs_that_read_the_database_spend_no_attempt_on_kept_connections(
+        proxied_workers, proxy, tmp_path):
+    """Each thread's connection died in the outage; its next job used to fail an attempt
+    with a lost connection on it (the stale connections of four threads, one job each)."""
+    log = tmp_path / "runs.log"
+    proc, total = four_threads_keep_connections(proxied_workers, log)
+    proxy.refuse(5)
+    time.sleep(5.5)
+    total = reads(log, total, 16, 0.05)
+    wait_for(lambda: succeeded() == total, 60, "the jobs after the outage to run")
+    no_attempt_failed(total)
+    drain_and_check(proxied_workers, [proc], log, total)
+
+
+def test_a_connection_cut_while_its_handler_works_before_its_first_statement_is_replaced_before_it(
+        proxied_workers, proxy, tmp_path):
+    """The cut comes after each job began (its thread's checks passed) and before its
+    handler's first statement: that statement would have failed on the dead connection."""
+    log = tmp_path / "runs.log"
+    proc, total = four_threads_keep_connections(proxied_workers, log)
+    total = reads(log, total, 4, 2.0)
+    wait_for(lambda: Job.objects.filter(status=Job.RUNNING).count() == 4, 30, "four jobs to nap")
+    time.sleep(0.5)  # their threads past their checks, their handlers napping
+    proxy.cut()  # every connection, the loop's too; new ones work
+    wait_for(lambda: succeeded() == total, 60, "the napping jobs to run")
+    no_attempt_failed(total)
+    drain_and_check(proxied_workers, [proc], log, total)

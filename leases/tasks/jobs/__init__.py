@@ -3,6 +3,7 @@
 1. `payload`: what a job carries (JSON text, never pickle) and the keys that dedupe it;
 2. `push`: the only maker of job rows, whoever enqueues (push, pipelines, schedules, the
    Django Tasks backend, follow-ups), so a handler's settings apply everywhere;
+   `buffer`: the jobs a full queue left in the pushing process;
 3. `queues`: queues' settings and bounds, and what a full queue does to a push;
 4. `claim`: a worker takes due jobs, `FOR UPDATE SKIP LOCKED`;
 5. `limits`: per-key concurrency and rate, decided inside the claim;

@@ -11,20 +11,22 @@ A push inside a transaction is seen by workers when it commits; on PostgreSQL th
 commit also wakes the workers listening for its queues (`announce`). A single push
 costs one statement where an INSERT returns columns (`insert_one`): no transaction of
 its own, no read-back.
+
+Each push (a call of `push`, a batch of `push_many`) writes a random push id it chose into
+the row it inserts (`push_id`) or merges into (`merged_push_id`). When the connection dies
+under it, the push cannot know whether its statement ran; its retry looks for its own row
+by that id among its key's rows (an index range read) and writes again only if none is
+there. A look-up by the key's state instead once made a second job: the first had been
+claimed meanwhile, so no job waited under its key.
 """
 from __future__ import annotations
 
-import atexit
 import logging
-import threading
-import time
-from collections import deque
+import secrets
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from functools import cache
 from typing import Any, Callable, Iterable, Protocol, Sequence
-
-from django.db import connections
 
 from leases import db, routing
 from leases.encoding import load_json
@@ -35,6 +37,7 @@ from .. import registry, sql, tracing
 from ..models import Job
 from ..needs import by_payload
 from . import leasing, limits, queues
+from .buffer import Buffer
 from .payload import check_key, check_priority, default_key, dump_payload
 
 log = logging.getLogger("leases.tasks")
@@ -111,10 +114,10 @@ class NewJob:
         a delayed job is left to the workers' polls."""
         return self.run_at is not None or not self.delay
 
-    def params(self, connection: Any) -> list:
+    def params(self, connection: Any, push_id: int | None) -> list:
         head = [self.queue, self.name, self.backend, self.on_finish, self.payload, self.key, self.key, self.priority]
         head += [self.limit_key, self.concurrency, self.rate, self.max_attempts, self.traceparent]
-        head += [self.pool, self.target, self.affinity, self.turn]
+        head += [self.pool, self.target, self.affinity, self.turn, push_id]
         if self.run_at is not None:
             return head + [db.dialect(connection).stored_datetime(self.run_at)]
         return head + [db.dialect(connection).seconds(self.delay)]
@@ -190,11 +193,18 @@ def new_job(
 # -- writing ----------------------------------------------------------------------------
 
 
-def write(cursor: Any, jobs: Sequence[NewJob], ids: bool = False) -> dict[str, int]:
+def new_push_id() -> int:
+    """A push's own id: random, 63 bits, so two pushes of one key never share one."""
+    return secrets.randbits(63) or 1
+
+
+def write(cursor: Any, jobs: Sequence[NewJob], ids: bool = False, push_id: int | None = None) -> dict[str, int]:
     """Write `jobs` with one upsert on the caller's cursor, in its transaction; a key met
     twice starts another upsert, since PostgreSQL refuses to merge into one row twice in
     one statement (MySQL and SQLite merge in order, which is what the split keeps). Rows
-    go as VALUES groups, or on PostgreSQL as one array per column (`insert_arrays`).
+    go as VALUES groups, or on PostgreSQL as one array per column (`insert_arrays`). The
+    rows carry `push_id` (None: a job made inside a caller's unit of work, which finds its
+    own effects again by other means).
 
     With `ids`, returns {key: id} of the rows written (a job whose key merged into a
     waiting one: that one's id), from the upsert itself where an INSERT returns columns,
@@ -208,13 +218,13 @@ def write(cursor: Any, jobs: Sequence[NewJob], ids: bool = False) -> dict[str, i
     for batch in _unique_keys(jobs):
         if db.dialect(cursor.db).arrays and len(batch) > 1:  # one row: VALUES costs less
             columns = [list(values) for values in zip(*(job.columns(cursor.db) for job in batch))]
-            cursor.execute(st.insert_arrays + tail, columns)
+            cursor.execute(st.insert_arrays + tail, [push_id, *columns])
         else:
             params: list = []
             rows = []
             for job in batch:
                 rows.append(st.values_at if job.run_at is not None else st.values_after)
-                params += job.params(cursor.db)
+                params += job.params(cursor.db, push_id)
             cursor.execute(st.insert + ", ".join(rows) + tail, params)
         if returning:
             found.update(cursor.fetchall())
@@ -254,17 +264,32 @@ def _ids_by_key(cursor: Any, jobs: Sequence[NewJob]) -> dict[str, int]:
     return dict(cursor.fetchall())
 
 
-def insert(jobs: Sequence[NewJob], using: str | None = None) -> None:
-    """Write `jobs` with one upsert per batch (`write`), in a transaction of their own."""
+def insert(jobs: Sequence[NewJob], using: str | None = None, push_id: int | None = None,
+           unsure: bool = False) -> None:
+    """Write `jobs` with one upsert per batch (`write`), in a transaction of their own,
+    under one push id (a new one unless given). After a try that may have committed (its
+    connection died, or `unsure`: an earlier call with this id failed) any row of the
+    batch found with its id means it did: all or none of a batch commits."""
+    push_id = new_push_id() if push_id is None else push_id
 
     def work(cursor: Any, resumed: bool) -> None:
+        if (resumed or unsure) and _batch_written(cursor, jobs, push_id):
+            return
         with db.write_transaction(cursor.db.alias):
-            write(cursor, jobs)
+            write(cursor, jobs, push_id=push_id)
 
     db.run(work, using)
 
 
-def insert_one(job: NewJob, using: str) -> tuple:
+def _batch_written(cursor: Any, jobs: Sequence[NewJob], push_id: int) -> bool:
+    """Whether a row of these jobs' keys carries `push_id`: a range read per key."""
+    st = sql.jobs(cursor.db)
+    keys = sorted({job.key for job in jobs})
+    cursor.execute(st.pushed_among + in_list(keys) + st.pushed_among_tail, [push_id, push_id, *keys])
+    return cursor.fetchone() is not None
+
+
+def insert_one(job: NewJob, using: str, push_id: int) -> tuple:
     """Write one job; its row as the database holds it after the push (a new one, or the
     waiting one its key merged into).
 
@@ -274,30 +299,29 @@ def insert_one(job: NewJob, using: str) -> tuple:
     that takes its pool's turn (more statements), the upsert and a read of the row by key
     share a transaction, so no worker can claim it in between and hide it.
 
-    If the connection died under an earlier try, the push may have committed: a job
-    waiting under its key is then taken as it is rather than pushed a second time.
+    If the connection died under an earlier try, the push may have committed: the row
+    that carries its push id (new, or merged into; waiting, running or ended by now) is
+    then its job, and only when none does is it written again.
     """
 
     def work(cursor: Any, resumed: bool) -> tuple:
         st = sql.jobs(cursor.db)
-        if resumed:
-            cursor.execute(st.waiting_by_key, (job.key,))
-            if row := cursor.fetchone():
-                return row
+        if resumed and (row := _pushed_row(cursor, job, push_id)):
+            return row
         if not job.pool and cursor.db.features.can_return_columns_from_insert:
-            return _upsert_returning(cursor, st, job)
+            return _upsert_returning(cursor, st, job, push_id)
         with db.write_transaction(cursor.db.alias):
-            write(cursor, [job])
+            write(cursor, [job], push_id=push_id)
             cursor.execute(st.waiting_by_key, (job.key,))
             return cursor.fetchone()
 
     return db.run(work, using)
 
 
-def _upsert_returning(cursor: Any, st: Any, job: NewJob) -> tuple:
+def _upsert_returning(cursor: Any, st: Any, job: NewJob, push_id: int) -> tuple:
     """The upsert of `job` that returns the row it leaves; on PostgreSQL a job due now
     also wakes its queue's listeners, in the same statement (see `announce`)."""
-    params = job.params(cursor.db)
+    params = job.params(cursor.db, push_id)
     wake = bool(db.dialect(cursor.db).notify) and job.due_now
     returning = st.returning_pushed_notify if wake else st.returning_pushed
     values = st.values_at if job.run_at is not None else st.values_after
@@ -306,24 +330,35 @@ def _upsert_returning(cursor: Any, st: Any, job: NewJob) -> tuple:
     return row[:-1] if wake else row
 
 
-def reschedule(job: NewJob, using: str | None = None) -> bool:
-    """Move the waiting job with this key to the new run time; False if none waits."""
+def _pushed_row(cursor: Any, job: NewJob, push_id: int) -> tuple | None:
+    """The row of `job`'s key that `push_id` wrote or merged into, as it is now; None if none."""
+    cursor.execute(sql.jobs(cursor.db).pushed_by, (job.key, push_id, push_id))
+    return cursor.fetchone()
 
-    def work(cursor: Any, resumed: bool) -> bool:
+
+def reschedule(job: NewJob, using: str, push_id: int) -> tuple | None:
+    """Move the waiting job with this key to the new run time, counting the push (a full
+    queue's dedupe, which adds no waiting job); its row, or None if none waits. Two
+    statements where an UPDATE returns no row: a claim in between leaves the row found by
+    the push's id, as does a retry after a lost reply."""
+
+    def work(cursor: Any, resumed: bool) -> tuple | None:
+        if resumed and (row := _pushed_row(cursor, job, push_id)):
+            return row
         st = sql.jobs(cursor.db)
         if job.run_at is not None:
             when, statement = db.dialect(cursor.db).stored_datetime(job.run_at), st.move_waiting_at
         else:
             when, statement = db.dialect(cursor.db).seconds(job.delay), st.move_waiting_after
-        cursor.execute(statement, (when, job.priority, job.key))
-        return cursor.rowcount > 0
+        cursor.execute(statement, (when, job.priority, push_id, job.key))
+        return _pushed_row(cursor, job, push_id) if cursor.rowcount > 0 else None
 
     return db.run(work, using)
 
 
-#: The columns of a pushed job's row (sql "waiting_by_key", "returning_pushed"), by attname.
-_PUSHED = ("id", "queue", "name", "backend", "payload", "key", "priority", "run_at", "status", "attempt",
-           "max_attempts", "enqueued_at", "pushes")
+#: The columns of a pushed job's row (sql "waiting_by_key", "pushed_by", "returning_pushed"), by attname.
+_PUSHED = ("id", "queue", "name", "backend", "payload", "key", "pending_key", "priority", "run_at", "status",
+           "attempt", "max_attempts", "enqueued_at", "pushes")
 
 
 @cache
@@ -338,11 +373,12 @@ def _job_layout() -> tuple[list, dict[str, int]]:
 
 def _as_job(pushed: NewJob, row: tuple, using: str) -> Job:
     """The Job as the database holds it after the push, which may be an older waiting job
-    of the same key: then `merged` is true, and a warning says if its work differs. Fields
+    of the same key: then `merged` is true, and a warning says if its work differs. After
+    a lost reply it is the job as it is by then (a worker may have started it). Fields
     not read back hold their defaults."""
     stored = dict(zip(_PUSHED, row))
     name, key, pk = stored["name"], stored["key"], stored["id"]
-    stored.update(payload=load_json(stored["payload"]), pending_key=key, run_at=db.to_datetime(stored["run_at"]),
+    stored.update(payload=load_json(stored["payload"]), run_at=db.to_datetime(stored["run_at"]),
                   enqueued_at=db.to_datetime(stored["enqueued_at"]))
     defaults, places = _job_layout()
     values = defaults.copy()
@@ -364,11 +400,14 @@ def submit(job: NewJob, using: str | None = None) -> Job | None:
     to the database its queue is routed to."""
     using = routing.route("queues", job.queue, using)
     queue = queues.queue_settings(job.queue, using)
-    if not queues.has_room(queue, 1, using) and not reschedule(job, using):
+    push_id = new_push_id()
+    if not queues.has_room(queue, 1, using):
+        if moved := reschedule(job, using, push_id):
+            return _as_job(job, moved, using)
         if not queues.make_room(queue, 1, using):
-            _buffer.add(queue, [job], using, 1)
+            _buffer.add(queue, [job], using, 1, push_id)
             return None
-    return _as_job(job, insert_one(job, using), using)
+    return _as_job(job, insert_one(job, using, push_id), using)
 
 
 def _batches(jobs: Sequence[NewJob]) -> Iterable[Sequence[NewJob]]:
@@ -408,7 +447,7 @@ def _submit_batches(jobs: Sequence[NewJob], using: str) -> int:
         for name, count in by_queue.items():
             queue = queues.queue_settings(name, using)
             if not queues.has_room(queue, count, using) and not queues.make_room(queue, count, using):
-                _buffer.add(queue, batch, using, count)
+                _buffer.add(queue, batch, using, count, new_push_id())
                 buffered = True
         if buffered:
             continue
@@ -419,88 +458,7 @@ def _submit_batches(jobs: Sequence[NewJob], using: str) -> int:
 
 # -- the buffer of jobs a full queue refused ----------------------------------------------
 
-
-class _Buffer:
-    """The buffer queue: jobs a full queue refused, kept in this process.
-
-    A daemon thread retries them as room appears and drops (with an error in the log)
-    what is still here after the queue's full_timeout. They live in memory only: a job
-    buffered when the process exits is lost, which `atexit` reports.
-    """
-
-    def __init__(self) -> None:
-        self._items: deque[tuple[float, queues.QueueSettings, Sequence[NewJob], str, int]] = deque()
-        self._lock = threading.Condition()
-        self._thread: threading.Thread | None = None
-        self.dropped = 0
-
-    def add(self, queue: queues.QueueSettings, jobs: Sequence[NewJob], using: str, count: int) -> None:
-        with self._lock:
-            self._items.append((time.monotonic() + queue.full_timeout, queue, list(jobs), using, count))
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, name="leases-push-buffer", daemon=True)
-                self._thread.start()
-            self._lock.notify_all()
-        log.warning("queue %s is full: %d job(s) buffered in this process", queue.name, len(jobs))
-
-    def __len__(self) -> int:
-        with self._lock:
-            return sum(len(item[2]) for item in self._items)
-
-    def wait_empty(self, timeout: float) -> bool:
-        """Block until the buffer is empty (written or dropped); False on timeout."""
-        deadline = time.monotonic() + timeout
-        with self._lock:
-            while self._items:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._lock.wait(left)
-        return True
-
-    def _run(self) -> None:
-        try:
-            while True:
-                with self._lock:
-                    if not self._items:
-                        return
-                    item = self._items[0]
-                if not self._try(item):
-                    time.sleep(0.2)
-        finally:
-            connections.close_all()
-
-    def _try(self, item: tuple) -> bool:
-        deadline, queue, jobs, using, count = item
-        try:
-            room = queues.has_room(queues.queue_settings(queue.name, using), count, using)
-            if room:
-                insert(jobs, using)
-        except Exception:
-            log.exception("buffered push to queue %s failed; will retry", queue.name)
-            room = False
-        if not room and time.monotonic() < deadline:
-            return False
-        if not room:
-            self.dropped += len(jobs)
-            log.error(
-                "dropped %d buffered job(s) of queue %s: still full after %.0fs (first: %s)",
-                len(jobs), queue.name, queue.full_timeout, jobs[0].name,
-            )
-        with self._lock:
-            self._items.popleft()
-            self._lock.notify_all()
-        return True
-
-
-_buffer = _Buffer()
-
-
-@atexit.register
-def _report_buffer() -> None:
-    left = len(_buffer)
-    if left:
-        log.error("exiting with %d buffered job(s) not pushed", left)
+_buffer = Buffer(insert)
 
 
 def buffered() -> int:

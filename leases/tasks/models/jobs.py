@@ -128,6 +128,11 @@ class Job(models.Model):
     max_attempts = models.PositiveIntegerField(default=1)
     claims = models.PositiveIntegerField(default=0, help_text="Times claimed by a worker; fences outcomes.")
     pushes = models.PositiveIntegerField(default=1, help_text="Pushes merged into this job by its key.")
+    # The random ids of the push that made it and of the last one merged into it: a push
+    # whose reply was lost finds by them what its statement did (see jobs.push).
+    push_id = models.BigIntegerField(null=True, blank=True, editable=False, help_text="Id of the push that made it.")
+    merged_push_id = models.BigIntegerField(null=True, blank=True, editable=False,
+                                            help_text="Id of the last push merged into it.")
     bounced_at = models.DateTimeField(
         null=True, blank=True, help_text="When a worker without its handler first gave it back."
     )

@@ -8,50 +8,65 @@ _CLAIMED_COLUMNS = (
 
 #: A pushed job as the database holds it (see jobs.push._as_job).
 _PUSHED_COLUMNS = (
-    "id, queue, name, backend, payload, dedupe_key, priority, run_at, status, attempt, max_attempts, enqueued_at,"
-    " pushes"
+    "id, queue, name, backend, payload, dedupe_key, pending_key, priority, run_at, status, attempt, max_attempts,"
+    " enqueued_at, pushes"
 )
 
 JOBS = {
     # -- push: one row per job, a VALUES group per job ("values_after" or "values_at") --
     "insert": (
         "INSERT INTO {j} (queue, name, backend, on_finish, payload, dedupe_key, pending_key, priority,"
-        " limit_key, concurrency, rate, max_attempts, traceparent, pool, target, affinity, turn, run_at, status,"
-        " attempt, claims, pushes, worker, enqueued_at) VALUES "
+        " limit_key, concurrency, rate, max_attempts, traceparent, pool, target, affinity, turn, push_id, run_at,"
+        " status, attempt, claims, pushes, worker, enqueued_at) VALUES "
     ),
     # params: queue, name, backend, on_finish, payload, key, key, priority, limit key,
-    # concurrency, rate, max_attempts, traceparent, pool, target, affinity, turn, then the
-    # delay ("after") or the run time ("at")
+    # concurrency, rate, max_attempts, traceparent, pool, target, affinity, turn, push id,
+    # then the delay ("after") or the run time ("at")
     "values_after": (
-        "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, {later}, {job.ready}, 0, 0, 1, '',"
-        " {now})"
+        "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, {later}, {job.ready}, 0, 0, 1,"
+        " '', {now})"
     ),
     "values_at": (
-        "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, {job.ready}, 0, 0, 1, '', {now})"
+        "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, {job.ready}, 0, 0, 1, '',"
+        " {now})"
     ),
     # PostgreSQL's push (its dialect's `arrays`): one array per column, so the statement's
     # text is the same for any number of jobs and is parsed once by the driver and the
     # server (1,000 rows of 14 placeholders cost psycopg more to parse than the server to
-    # write). params, one list each: queue, name, backend, on_finish, payload, key,
-    # priority, limit key, concurrency, rate, max_attempts, traceparent, pool, target,
-    # affinity, turn, run time (None: after the delay), delay in microseconds
+    # write). params: the push id, then one list each: queue, name, backend, on_finish,
+    # payload, key, priority, limit key, concurrency, rate, max_attempts, traceparent, pool,
+    # target, affinity, turn, run time (None: after the delay), delay in microseconds
     "insert_arrays": (
         "INSERT INTO {j} (queue, name, backend, on_finish, payload, dedupe_key, pending_key, priority,"
-        " limit_key, concurrency, rate, max_attempts, traceparent, pool, target, affinity, turn, run_at, status,"
-        " attempt, claims, pushes, worker, enqueued_at) SELECT q, n, b, f, p, k, k, pr, lk, c, r, ma, tp, po, ta,"
-        " af, tu, COALESCE(t.at, {now} + t.delay * INTERVAL '1 microsecond'), {job.ready}, 0, 0, 1, '', {now}"
+        " limit_key, concurrency, rate, max_attempts, traceparent, pool, target, affinity, turn, push_id, run_at,"
+        " status, attempt, claims, pushes, worker, enqueued_at) SELECT q, n, b, f, p, k, k, pr, lk, c, r, ma, tp,"
+        " po, ta, af, tu, %s::bigint, COALESCE(t.at, {now} + t.delay * INTERVAL '1 microsecond'), {job.ready}, 0,"
+        " 0, 1, '', {now}"
         " FROM unnest(%s::varchar[], %s::varchar[], %s::varchar[], %s::varchar[], %s::jsonb[], %s::varchar[],"
         " %s::smallint[], %s::varchar[], %s::int[], %s::varchar[], %s::int[], %s::varchar[], %s::varchar[],"
         " %s::varchar[], %s::varchar[], %s::bigint[], %s::timestamptz[], %s::bigint[])"
         " AS t(q, n, b, f, p, k, pr, lk, c, r, ma, tp, po, ta, af, tu, at, delay)"
     ),
     # A waiting job with the same key takes the new run time and priority (the latest
-    # push says what is wanted now), keeps its name and payload, and counts the push.
+    # push says what is wanted now), keeps its name and payload, and counts the push,
+    # whose id it keeps until the next merge.
     "merge_waiting": (
-        " {upsert[pending_key]} run_at = {new[run_at]}, priority = {new[priority]}, pushes = {j}.pushes + 1"
+        " {upsert[pending_key]} run_at = {new[run_at]}, priority = {new[priority]}, pushes = {j}.pushes + 1,"
+        " merged_push_id = {new[push_id]}"
     ),
     # params: pending key -> the job as the database holds it after the push
     "waiting_by_key": f"SELECT {_PUSHED_COLUMNS} FROM {{j}} WHERE pending_key = %s",
+    # After a push whose reply was lost: the row it wrote or merged into, if it did, in
+    # whatever state it is now; a range read of the key's rows (the dedupe key index:
+    # its waiting job, those running, and the finished runs it keeps). params: key, push
+    # id, push id
+    "pushed_by": (
+        f"SELECT {_PUSHED_COLUMNS} FROM {{j}} WHERE dedupe_key = %s AND (push_id = %s OR merged_push_id = %s)"
+    ),
+    # ... and after a batch's: whether any row of its keys has its id. params: push id, push
+    # id, then the keys, then "pushed_among_tail"
+    "pushed_among": "SELECT id FROM {j} WHERE (push_id = %s OR merged_push_id = %s) AND dedupe_key IN (",
+    "pushed_among_tail": " LIMIT 1",
     # Ends a push's upsert where an INSERT returns columns (PostgreSQL, MariaDB, SQLite
     # 3.35+): the row it leaves, new or merged, with no read-back.
     "returning_pushed": f" RETURNING {_PUSHED_COLUMNS}",
@@ -62,10 +77,15 @@ JOBS = {
     "ids_by_key": "SELECT pending_key, id FROM {j} WHERE pending_key IN (",
     # ... or returned by the upsert itself, where an INSERT returns columns.
     "returning_ids": " RETURNING pending_key, id",
-    # Move a waiting job (dedupe when its queue is full). params: delay (or run time),
-    # priority, pending key
-    "move_waiting_after": "UPDATE {j} SET run_at = {later}, priority = %s, pushes = pushes + 1 WHERE pending_key = %s",
-    "move_waiting_at": "UPDATE {j} SET run_at = %s, priority = %s, pushes = pushes + 1 WHERE pending_key = %s",
+    # Move a waiting job (dedupe when its queue is full), as a merge does. params: delay
+    # (or run time), priority, push id, pending key
+    "move_waiting_after": (
+        "UPDATE {j} SET run_at = {later}, priority = %s, pushes = pushes + 1, merged_push_id = %s"
+        " WHERE pending_key = %s"
+    ),
+    "move_waiting_at": (
+        "UPDATE {j} SET run_at = %s, priority = %s, pushes = pushes + 1, merged_push_id = %s WHERE pending_key = %s"
+    ),
     # -- queues and their bounds --
     # Is the queue holding at least n waiting jobs (of any pool's lane)? params: queue, n - 1
     "queue_holds": "SELECT 1 FROM {j} WHERE status = {job.ready} AND queue = %s LIMIT 1 OFFSET %s",

@@ -3,7 +3,6 @@ outcome. Whatever a handler does or returns becomes an outcome; nothing it raise
 odd, reaches the worker's loop."""
 from __future__ import annotations
 
-import logging
 import queue as stdqueue
 import threading
 import time
@@ -11,19 +10,13 @@ from typing import Any
 
 from django.db import connections
 
-from leases import db
-
 from .. import registry, tracing
 from ..context import context_for, running
 from ..jobs import outcomes
 from ..jobs.claim import ClaimedJob
 from ..jobs.outcomes import Outcome, failed
+from . import kept
 from .aio import EventLoop
-
-log = logging.getLogger("leases.tasks.worker")
-
-#: Seconds a handler thread's connection may sit idle before it is pinged before a job.
-IDLE_CHECK = 30.0
 
 
 def handler_for(job: ClaimedJob) -> Any:
@@ -40,15 +33,16 @@ def handler_for(job: ClaimedJob) -> Any:
 
 
 def execute(job: ClaimedJob) -> Outcome:
-    """Run one attempt; whatever the handler does or returns becomes its outcome."""
-    _check_idle_connections()
+    """Run one attempt; whatever the handler does or returns becomes its outcome. The
+    thread's database connections are kept for the next one (see `kept`)."""
+    kept.before_job()
     began = time.monotonic()
     try:
         outcome = _attempt(job)
         outcome.seconds = time.monotonic() - began
         return outcome
     finally:
-        _tidy_connections()
+        kept.after_job()
 
 
 def _attempt(job: ClaimedJob) -> Outcome:
@@ -63,35 +57,6 @@ def _attempt(job: ClaimedJob) -> Outcome:
     except BaseException as exc:  # noqa: BLE001 - a handler must never kill the worker
         return outcomes.raised(job, spec, exc)
     return outcomes.returned(job, value)
-
-
-def _tidy_connections() -> None:
-    """After a job: keep the handler thread's connections for the next one, as a
-    long-lived process should, but close any that is broken, was left with autocommit
-    changed, or is older than CONN_MAX_AGE when that is set. Django's per-request rule
-    (CONN_MAX_AGE = 0 closes after every request) would open a connection per job, which
-    costs more than a small job itself (3 to 11 ms on MariaDB). Failures are no news."""
-    for connection in connections.all(initialized_only=True):
-        try:
-            if connection.settings_dict["CONN_MAX_AGE"] == 0:
-                connection.close_at = None  # lives across jobs, like a persistent connection
-            connection.close_if_unusable_or_obsolete()
-            connection.leases_used_at = time.monotonic()
-        except Exception as exc:  # noqa: BLE001 - a dead connection is reopened on next use
-            log.debug("tidying a connection failed: %s", db.one_line(exc))
-
-
-def _check_idle_connections() -> None:
-    """Before a job: a connection idle for IDLE_CHECK seconds may have been dropped by
-    the server (wait_timeout, a restart); ping it and close it if so, so the handler's
-    first query opens a new one rather than failing."""
-    for connection in connections.all(initialized_only=True):
-        try:
-            idle = time.monotonic() - getattr(connection, "leases_used_at", 0.0)
-            if connection.connection is not None and idle > IDLE_CHECK and not connection.is_usable():
-                connection.close()
-        except Exception as exc:  # noqa: BLE001 - a dead connection is reopened on next use
-            log.debug("checking an idle connection failed: %s", db.one_line(exc))
 
 
 class Threads:
