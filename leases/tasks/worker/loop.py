@@ -4,8 +4,8 @@ One main thread talks to the database, through the stages of `leases.tasks.jobs`
 `concurrency` threads run handlers (`threads`). The main thread claims only as many jobs
 as there are free threads (a control token per thread) and writes the outcomes of finished
 jobs in the same transaction as its next claim: one commit per turn. Between claims it
-does its duties on their timers: the heartbeat (its row's lease and its jobs'), recovery of other workers' lapsed jobs, trims
-of finished runs, and, if it leads, the scheduler's passes.
+does its duties on their timers (`duties`): the heartbeat, recovery of other workers'
+lapsed jobs, trims of finished runs, and, if it leads, the scheduler's passes.
 
 An outcome the database refuses fails its job with that error instead of blocking the
 others; during an outage outcomes wait, and the heartbeat keeps their jobs ours.
@@ -26,18 +26,18 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import Error, connections
 
 from leases import conf, db, routing
-from leases.exceptions import Cancelled, LeaseLost, UnknownHandler
+from leases.exceptions import Cancelled, UnknownHandler
 from leases.validation import check_seconds
 
 from .. import registry
 from ..jobs import claim as claims
-from ..jobs import counts, handoff, history, leasing, limits, outcomes, recovery, steps
+from ..jobs import counts, handoff, leasing, outcomes, recovery
 from ..jobs.claim import ClaimedJob
 from ..jobs.outcomes import Outcome, describe, failed
 from ..jobs.queues import SETTINGS_TTL, all_queues
 from ..schedules.leader import Scheduler
 from . import report
-from .duties import Duty
+from .duties import Duty, TimedDuties
 from .report import BURST_RETRY_WAIT, Stats
 from .threads import Threads, handler_for
 from .wakeup import Wakeup
@@ -46,12 +46,6 @@ log = logging.getLogger("leases.tasks.worker")
 
 T = TypeVar("T")
 
-#: Seconds between recoveries of lapsed jobs (the ttl bounds how stale they can be).
-RECOVER_EVERY = 5.0
-#: Seconds between trims of keys' old runs.
-TRIM_EVERY = 10.0
-#: Seconds between two log lines naming the keys held at their limit.
-LIMIT_LOG_EVERY = 30.0
 #: Shortest worker ttl: the heartbeat runs between claims and outcome writes, and one
 #: slow commit must not let a running job's lease lapse.
 MIN_TTL = 1.0
@@ -64,7 +58,7 @@ GATHER = 0.002
 LISTENING_POLL = 1.0
 
 
-class JobWorker:
+class JobWorker(TimedDuties):
     """A worker: `run()` until stopped, out of work (`burst`) or `max_jobs` done.
 
     `queues` is a list of names or ["*"] for all. `stop()` (SIGTERM) stops claiming and
@@ -175,19 +169,6 @@ class JobWorker:
     @property
     def stopping(self) -> bool:
         return self._stop_at is not None
-
-    def _duties(self) -> list[Duty]:
-        """What the loop does on timers, besides claiming and writing outcomes."""
-        now = time.monotonic()
-        duties = [
-            Duty(self.heartbeat, self.ttl / 3, due=now + self.ttl / 3),
-            Duty(self.recover, min(RECOVER_EVERY, self.ttl / 2), while_stopping=False),
-            Duty(self.trim, TRIM_EVERY, due=now + TRIM_EVERY),
-        ]
-        if self.schedule:
-            self.scheduler = Scheduler(self.name, self.ttl, self.using)
-            duties.append(Duty(self.scheduler.step, 0.0, while_stopping=False, paced=True))
-        return duties
 
     def run(self) -> Stats:
         """Serve until stop(), a signal, `max_jobs` or (burst) empty queues; hand back
@@ -533,64 +514,3 @@ class JobWorker:
         self._claim_unsure = False
         log.warning("worker %s: handed %d unfinished job(s) back to the queue", self.name, count)
         return count
-
-    # -- heartbeat, recovery, history ---------------------------------------------------
-
-    def _ours(self) -> list[int]:
-        """Jobs this worker runs or has finished without writing: their leases are its."""
-        return [*self.running, *(outcome.job.id for outcome in self._pending)]
-
-    def heartbeat(self) -> None:
-        """Renew the worker's lease and the leases of the jobs it runs, and only those."""
-        assert self.hold is not None
-        try:
-            self.hold.renew()
-        except LeaseLost:
-            old = self.name
-            log.error("worker %s: its lease lapsed (stalled longer than %.0fs); registering again", old, self.ttl)
-            self.register()
-            self._adopt(old)
-        recovery.extend(self.name, self._ours(), self.ttl, self.using)
-        leasing.renew([job.lease for job in self.running.values() if job.lease is not None], self.ttl, self.using)
-        for job_id in steps.cancel_requested(self.name, [i for i, j in self.running.items() if not j.cancel_requested],
-                                             self.using):
-            job = self.running[job_id]
-            job.cancel_requested, job.cancel_seen_at = True, time.monotonic()
-            if job.context is not None:
-                job.context.cancel_requested = True
-            log.warning("worker %s: job %s #%d was cancelled while it runs: it stops at its next step, sleep or"
-                        " wait, or is abandoned in %gs", self.name, job.name, job.id, self.grace)
-
-    def _adopt(self, old: str) -> None:
-        """Running jobs still under the lapsed name were not recovered: keep them as ours."""
-        recovery.adopt(self.name, old, self.using)
-        for job in self.running.values():
-            job.worker = self.name
-        for outcome in self._pending:
-            outcome.job.worker = self.name
-
-    def recover(self) -> int:
-        """Put back the jobs of workers whose heartbeat lapsed: ready, or dead when out of
-        attempts. Any live worker does this; SKIP LOCKED keeps them from colliding. This
-        worker's own jobs are left alone when it still runs them (its heartbeat was late)."""
-        total = recovery.recover_lapsed(self.using, by=f"worker {self.name}", keep=set(self._ours()),
-                                        worker=self.name)
-        self.stats.recovered += total
-        blocked = limits.unblock_pass(self.using)
-        now = time.monotonic()
-        if now >= self._next_limit_log:
-            waits = leasing.waiting(self.using) if self.pools else []
-            if blocked or waits:
-                self._next_limit_log = now + LIMIT_LOG_EVERY
-            if blocked:
-                report.keys_at_limit(self.name, blocked)
-            for wait in waits:
-                report.pool_waiting(self.name, wait)
-        return total
-
-    def trim(self) -> None:
-        """Keep only the newest LEASES_KEEP_RUNS finished runs of the keys that just ran."""
-        keys, self._finished_keys = self._finished_keys, set()
-        if keys:
-            history.trim_runs(keys, using=self.using)
-
