@@ -108,6 +108,8 @@ class JobWorker(TimedDuties):
         self._pending: list[Outcome] = []
         #: A claim failed after it may have committed: look up what we hold first.
         self._claim_unsure = False
+        #: The database error of the loop's last turn (None: it went through).
+        self._unreachable: BaseException | None = None
         #: When a --burst worker may leave: its own retries due soon have run by then.
         self._retries_until = 0.0
         #: The last claim got all it asked for: more may be due, so the next turn claims
@@ -186,8 +188,7 @@ class JobWorker(TimedDuties):
         try:
             while True:
                 try:
-                    if self._turn(threads, duties):
-                        break
+                    done = self._turn(threads, duties)
                 except db.driver_errors(self.using) as exc:
                     # Outcomes not yet written stay pending, and the heartbeat keeps their
                     # jobs ours once it gets through. Beyond the ttl they are recovered.
@@ -195,13 +196,17 @@ class JobWorker(TimedDuties):
                     log.error("worker %s: database error, retrying in 1s: %s", self.name, exc,
                               exc_info=not isinstance(exc, Error))
                     db.drop_if_broken(connections[self.using])
-                    if self.stopping and time.monotonic() >= self._stop_at:
-                        log.error("worker %s: grace over with the database failing; its jobs lapse"
-                                  " and other workers recover them", self.name)
-                        break
+                    self._unreachable = exc
+                    if self.stopping and (time.monotonic() >= self._stop_at or not self.running and not self._pending):
+                        break  # nothing left to wait for: what it holds lapses (see _shutdown)
                     time.sleep(1.0)
-            self._leave()
-            self._say_what_waits()
+                    continue
+                self._unreachable = None
+                if done:
+                    break
+            if self._unreachable is None:
+                self._leave()
+                self._say_what_waits()
         finally:
             self._shutdown(threads)
         return self.stats
@@ -232,6 +237,9 @@ class JobWorker(TimedDuties):
                 self.hand_back()
             self.trim()
         except Error as exc:
+            if db.transient(exc):
+                self._unreachable = exc  # said once, with the row it cannot release either
+                return
             log.error("worker %s: could not hand back its jobs (%s); they are recovered when their"
                       " leases lapse", self.name, exc)
 
@@ -270,14 +278,27 @@ class JobWorker(TimedDuties):
         threads.stop()
         if self.wakeup is not None:
             self.wakeup.stop()
-        if self.scheduler is not None:
-            self.scheduler.stop()
-        if self.hold is not None and not self.hold.lost:
-            try:
-                self.hold.release()
-            except Exception:  # noqa: BLE001 - the row lapses on its own
-                log.warning("worker %s: could not release its row", self.name, exc_info=True)
+        self._give_up()
         report.stopped(self.name, self.stats)
+
+    def _give_up(self) -> None:
+        """Give up the scheduler's lead and the worker's row, so others need not wait for
+        them to lapse. With the database away (the loop or the hand-back just met it), not
+        tried: one line says what lapses instead, as the jobs still ours do."""
+        left = len(self.running) + len(self._pending)
+        self.stats.lapsed += left
+        leading = self.scheduler is not None and self.scheduler.lead is not None
+        if self.hold is None or self.hold.lost:
+            return
+        if self._unreachable is None:
+            try:
+                if self.scheduler is not None:
+                    self.scheduler.stop()
+                self.hold.release()
+                return
+            except Error as exc:
+                self._unreachable = exc
+        report.left_unreleased(self.name, self.ttl, leading, left, self._unreachable)
 
     def unserved_handlers(self) -> list[registry.Handler]:
         """Handlers whose jobs go to a queue of this worker's database that it does not
@@ -486,6 +507,7 @@ class JobWorker(TimedDuties):
                 raise
             log.error("worker %s: could not record that either (%s): %s #%d is recovered when its lease"
                       " lapses", self.name, exc, job.name, job.id)
+            self.stats.unrecorded += 1
 
     def _outage(self, exc: Exception) -> bool:
         """Whether `exc` came from the database being away rather than from what was sent:
@@ -510,6 +532,11 @@ class JobWorker(TimedDuties):
             job.abandoned = True
         keep = [outcome.job.id for outcome in self._pending]  # finished: never run twice
         count = outcomes.hand_back(self.name, keep, self.using)
+        # The count may hold jobs of a claim whose reply was lost (never counted claimed),
+        # and lack known ones whose claim lapsed meanwhile (recovered elsewhere).
+        handed = min(count, len(self.running))
+        self.stats.handed_back += handed
+        self.stats.unrecorded += len(self.running) - handed
         self.running.clear()
         self._claim_unsure = False
         log.warning("worker %s: handed %d unfinished job(s) back to the queue", self.name, count)
