@@ -1,9 +1,10 @@
 """What every command of this app shares: one-line errors and the exit codes scripts test.
 
-Exit codes: 2 bad input (nothing written), 75 (EX_TEMPFAIL) worth trying again later:
-the database is unreachable or stayed busy, no resource was free, a lock was held; 141
-the reader of stdout went away (`manage.py jobs list | head`), as a shell reports a
-process that SIGPIPE ended.
+Exit codes: 2 bad input (nothing written), settings the system checks refuse and a
+database that lacks this package's migrations included; 75 (EX_TEMPFAIL) worth trying
+again later: the database is unreachable or stayed busy, no resource was free, a lock
+was held; 141 the reader of stdout went away (`manage.py jobs list | head`), as a shell
+reports a process that SIGPIPE ended.
 """
 from __future__ import annotations
 
@@ -122,7 +123,10 @@ class LeasesCommand(BaseCommand):
         no database here unless asked (from 6.1 they connect to every configured one,
         a refusal or an outage a traceback): the loop below connects to those this app
         uses, and says which refused."""
-        super().check(*args, databases=databases or [], **kwargs)
+        try:
+            super().check(*args, databases=databases or [], **kwargs)
+        except SystemCheckError as exc:  # settings are the operator's input: exit 2, as any
+            raise SystemCheckError(str(exc), returncode=EX_USAGE) from None
         for alias in routing.aliases():
             try:
                 errors = check_migrated(alias)
@@ -134,7 +138,7 @@ class LeasesCommand(BaseCommand):
                     raise
                 continue  # an outage: the command waits it out (or exits 75) on its own
             for error in errors:
-                raise SystemCheckError(f"{error.msg} {error.hint} ({error.id})")
+                raise SystemCheckError(f"{error.msg} {error.hint} ({error.id})", returncode=EX_USAGE)
 
     def execute(self, *args: Any, **options: Any) -> Any:
         try:

@@ -21,7 +21,7 @@ class PipelinesConfig(AppConfig):
         from leases.tasks import registry
 
         from . import definition, machine, outcomes, payload, runs
-        from .handlers import START
+        from .handlers import START, start_queue
 
         self.runs = runs
         registry.add_runner(machine.BACKEND, payload.task_runner)
@@ -30,6 +30,7 @@ class PipelinesConfig(AppConfig):
         registry.add_target(registry.Target(
             kind="pipeline", handler=START, check=lambda name: definition.get(name).name,
             payload=lambda name, context, key: {"pipeline": name, "context": context, "key": key},
+            queue=start_queue,
         ))
 
         from leases.ops.readings import add_metrics, add_panels

@@ -313,12 +313,15 @@ class Target:
     """Something a schedule may start besides a handler's job, registered by the app that
     owns it (a pipeline, by leases.pipelines): a tick pushes a job of `handler`, whose
     payload `payload(name, context, key)` makes, and the handler starts it. `check(name)`
-    is the target's name as the schedule keeps it, or ValueError naming the known ones."""
+    is the target's name as the schedule keeps it, or ValueError naming the known ones.
+    `queue(name)` is the queue that job goes on when the schedule names none (one the
+    target's own work uses, so its workers start it), None when this process cannot tell."""
 
     kind: str
     handler: str
     check: Callable[[str], str]
     payload: Callable[[str, Any, str], dict[str, Any]]
+    queue: Callable[[str], str | None] = lambda name: None
 
 
 _TARGETS: dict[str, Target] = {}

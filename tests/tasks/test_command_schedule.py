@@ -53,7 +53,8 @@ def test_add_list_show_a_cron_an_interval_a_one_off_and_a_pipeline():
     assert "pipeline crawl-site" in lines[3] and "every 15m" in lines[3]
     assert re.search(r"ping\s+noop\s+every 30s\s+\d{4}-\d\d-\d\d \d\d:\d\d:\d\dZ \(in \d+s\)", out)
     shown = run("show", "nightly")
-    assert "when      At 03:00 every day (Europe/Berlin)" in shown
+    assert re.search(r"^when +At 03:00 every day \(Europe/Berlin\)$", shown, re.M)
+    assert re.search(r"^queue +default \(its handler's\)$", shown, re.M)
     assert '\npayload:\n  {\n    "site": "example.com"\n  }\n' in shown  # JSON, as `jobs show` prints it
     assert '\ncontext:\n  {\n    "items": 2\n  }\n' in run("show", "refresh")
     upcoming = re.findall(r"^  (\d{4}-\d\d-\d\d \d\d:\d\d:\d\dZ)", shown, re.M)

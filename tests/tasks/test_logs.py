@@ -103,8 +103,8 @@ def test_the_stop_line_tells_failed_attempts_from_jobs_that_failed_for_good(capl
     worker = JobWorker(queues=["default"], concurrency=1, burst=True, poll=0.01)
     stats = worker.run()
     [line] = [r.getMessage() for r in caplog.records if " stopped: " in r.getMessage()]
-    assert line == (f"worker {worker.name} stopped: 5 attempts claimed, 1 succeeded, 4 failed (2 retried,"
-                    " 2 failed for good), 0 bounced; 0 jobs of stopped workers recovered")
+    assert line == (f"worker {worker.name} stopped: 5 claimed: 1 succeeded, 2 retried, 2 failed for good; 0 jobs"
+                    " of stopped workers recovered")
     assert (stats.failed, stats.retried, stats.ended) == (4, 2, 2)
     # What `jobs stats` counts as failed and dead:
     assert Job.objects.filter(status__in=[Job.DEAD, Job.FAILED]).count() == stats.ended

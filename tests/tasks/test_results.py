@@ -176,3 +176,24 @@ def test_the_listener_connection_is_closed_after_the_wait(monkeypatch):
     monkeypatch.setattr(results._Listener, "close", close)
     assert job.wait(5) == 1
     assert seen == [True, None]
+
+
+def test_an_id_that_names_no_job_is_no_job_not_a_deleted_one(monkeypatch):
+    """`wait(99999)` said "job #99999 was deleted" (JobFailed) of an id that never named a
+    job; `jobs wait 99999` says "no job #99999". A job whose row goes while it is waited
+    for, by id too, is still JobFailed "deleted"."""
+    job = push("res.echo", {"value": 1}, delay=600)
+    missing = job.pk + 1000
+    with pytest.raises(Job.DoesNotExist, match=rf"^no job #{missing}$"):
+        wait(missing, timeout=5)
+    # Deleted after the wait's first read found it (at its first pause).
+    monkeypatch.setattr(results._Listener, "wait", lambda self, job_id, seconds: discard([job_id]))
+    with pytest.raises(JobFailed) as raised:
+        wait(job.pk, timeout=5)
+    assert (raised.value.status, str(raised.value)) == ("deleted", f"job #{job.pk} was deleted")
+
+
+@pytest.mark.parametrize("value", [0, -3, 2**63, True, "12", 1.5])
+def test_a_bad_job_id_is_one_line(value):
+    with pytest.raises(ValueError, match=r"^a job id is a whole number from 1 to \d+, not .+$"):
+        wait(value, timeout=1)

@@ -2,6 +2,7 @@
 
 - `timing`: when ticks fall (cron in a time zone, every N seconds, once at a moment);
 - `define`: `schedule()`, `unschedule()`, `set_enabled()`, LEASES_SCHEDULES applied;
+- `serving`: which queue a schedule's jobs go on, and which live workers serve it;
 - `fire`: the pass that fires due ticks in one transaction per batch, and runs' endings;
 - `leader`: the worker that leads (through this project's own lock) runs the passes.
 """

@@ -29,14 +29,16 @@ def _check_target(handler: Any, pipeline: Any, queue: Any, using: str) -> tuple[
     if bool(handler) == bool(pipeline):
         raise ValueError("give a handler or a pipeline to schedule (one of them)")
     if handler:
-        name, what, starter = registry.get(handler).name, "", registry.get(handler)  # UnknownHandler
+        name, what = registry.get(handler).name, ""  # UnknownHandler
+        derived = registry.get(handler).queue
     else:
         target = registry.target("pipeline")
-        name, what, starter = "", target.check(pipeline), registry.get(target.handler)
+        name, what = "", target.check(pipeline)
+        derived = target.queue(what) or registry.get(target.handler).queue  # its first tasks' (serving.place)
     if queue is not None:
         queue = check_queue(queue)
         queue_settings(queue, using)  # a queue no worker serves is a mistake
-    routing.check_queue_on(queue or starter.queue, using, "schedule")
+    routing.check_queue_on(queue or derived, using, "schedule")
     return name, what, queue or ""
 
 

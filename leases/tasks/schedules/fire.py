@@ -11,6 +11,12 @@ whatever two leaders do. A burst (thousands due at once) is fired by LANES conne
 side by side, which take batches as overlapping leaders would; each trims the history
 of the schedules it fired once it has pushed them. The run learns how its job ended
 from the statement that ends it (a finisher, as pipeline tasks do).
+
+A job goes on the queue `serving.place` names. With catch_up="none" a schedule keeps one
+job waiting at most: a tick that finds the job of the schedule's last run not yet
+claimed by any worker is skipped (one statement per batch, by the runs' (schedule,
+number) index), so ticks fired while no worker serves the queue do not pile up and
+start together when one comes.
 """
 from __future__ import annotations
 
@@ -32,6 +38,7 @@ from ..jobs.outcomes import last_errors
 from ..jobs.push import BATCH_CHARS, JobDefaults, NewJob, new_job, write
 from ..models import Job, Schedule, ScheduleRun
 from .define import locked
+from .serving import Place, place
 from .timing import Timing
 
 log = logging.getLogger("leases.tasks.scheduler")
@@ -50,6 +57,10 @@ LANES = 2
 CATCH_UP_MAX = 1000
 #: With catch_up="none", a tick later than this is missed, not late (seconds).
 LATE_AFTER = 60.0
+
+#: What the leader last said of each schedule (its job's fallback queue, its waiting
+#: job), so that a line is said once, not at every tick.
+_said: dict[tuple[str, str], object] = {}
 
 
 class Due(NamedTuple):
@@ -104,17 +115,31 @@ def plan(row: Schedule | Due, now: datetime) -> tuple[list[datetime], datetime |
     return due, following
 
 
-def _job(row: Schedule | Due, key: str) -> NewJob:
-    """The job a tick of `row` pushes: the handler's with the payload, or the job that
-    starts its target (a pipeline run) with the context; the run's key is the tick's, so
-    a retried start finds it."""
+def _job(row: Schedule | Due, key: str, where: Place) -> NewJob:
+    """The job a tick of `row` pushes on `where`'s queue: the handler's with the payload,
+    or the job that starts its target (a pipeline run) with the context; the run's key
+    is the tick's, so a retried start finds it."""
     if row.handler:
         name, payload = row.handler, row.payload
     else:
         target = registry.target("pipeline")
         name, payload = target.handler, target.payload(row.pipeline, row.payload, key)
-    return new_job(name, payload, queue=row.queue or None, key=key, priority=row.priority, on_finish=RUN_ENDED,
+    return new_job(name, payload, queue=where.queue, key=key, priority=row.priority, on_finish=RUN_ENDED,
                    settings=registry.find(name) or JobDefaults())
+
+
+def _place(row: Schedule | Due, using: str, found: dict[tuple[str, str, str], Place]) -> Place:
+    """`serving.place` of `row`, once per (handler, pipeline, queue) of a batch; a
+    fallback is said once per schedule, as what it falls back from changes."""
+    what = (row.handler, row.pipeline, row.queue)
+    if what not in found:
+        found[what] = place(row, using)
+    where = found[what]
+    if not where.known and _said.get((row.name, "place")) != where:
+        _said[(row.name, "place")] = where
+        log.warning("schedule %s: its jobs go on queue %r: %s (define it in an installed app, or --import its"
+                    " module in every worker that may lead)", row.name, where.queue, where.why)
+    return where
 
 
 def tick_key(row: Schedule | Due, tick: datetime | None, now: datetime) -> str:
@@ -176,7 +201,8 @@ def _record(cursor: Any, fired: Sequence[tuple[Schedule | Due, datetime | None, 
 def _push(cursor: Any, fired: list[tuple[Schedule | Due, datetime | None, int]], now: datetime) -> int:
     """Push one job per (schedule, tick, run number) and record its run, in the caller's
     transaction (the schedules' `fires` already count them)."""
-    jobs = [_job(row, tick_key(row, tick, now)) for row, tick, _ in fired]
+    found: dict[tuple[str, str, str], Place] = {}
+    jobs = [_job(row, tick_key(row, tick, now), _place(row, cursor.db.alias, found)) for row, tick, _ in fired]
     for part in _parts(jobs):
         ids = write(cursor, jobs[part], ids=not db.dialect(cursor.db).arrays)
         _record(cursor, fired[part], jobs[part], now, ids)
@@ -304,31 +330,57 @@ class _Lane(threading.Thread):
         return self.result
 
 
+def _waiting(cursor: Any, rows: list[Due]) -> dict[int, int]:
+    """{schedule id: job id} of those of `rows` whose last run's job no worker has claimed
+    yet (ready or blocked, never claimed): the schedules' numbers are their last runs'."""
+    if not rows:
+        return {}
+    st = sql.schedules(cursor.db)
+    if db.dialect(cursor.db).arrays:
+        cursor.execute(st.waiting_records, (_records({"schedule": row.pk, "number": row.fires} for row in rows),))
+    else:
+        cursor.execute(st.waiting + " OR ".join([st.waiting_one] * len(rows)) + ")",
+                       [value for row in rows for value in (row.pk, row.fires)])
+    return dict(cursor.fetchall())
+
+
 def _batch(using: str, now: datetime | None, fires: dict[int, int]) -> tuple[int, int]:
     """Fire a batch of due schedules in a transaction of its own: (jobs pushed, schedules
     seen); `fires` learns the run count of each schedule that fired, once committed. A
     retry after a lost reply finds the rows a committed try moved on."""
 
-    def work(cursor: Any, resumed: bool) -> tuple[int, int, dict[int, int]]:
+    def work(cursor: Any, resumed: bool) -> tuple[int, int, dict[int, int], list[tuple[Due, datetime, int]]]:
         with db.write_transaction(using):
             moment = now or clock.now(cursor)
             rows = _due(cursor, moment, BATCH)
             if not rows:
-                return 0, 0, {}
+                return 0, 0, {}, []
+            plans = {row.pk: plan(row, moment) for row in rows}
+            waiting = _waiting(cursor, [row for row in rows if plans[row.pk][0] and row.catch_up == Schedule.NONE
+                                        and row.fires])
             fired: list[tuple[Schedule | Due, datetime | None, int]] = []
             moves: dict[int, tuple[datetime | None, datetime | None, int]] = {}
+            skipped = [(row, plans[row.pk][0][-1], waiting[row.pk]) for row in rows if row.pk in waiting]
             for row in rows:
-                ticks, following = plan(row, moment)
+                ticks, following = plans[row.pk]
+                if row.pk in waiting:
+                    ticks = []  # its last job still waits: one waiting job at most
                 if len(ticks) == CATCH_UP_MAX:
                     log.warning("schedule %s: catching up on its newest %d ticks only", row.name, CATCH_UP_MAX)
                 fired += [(row, tick, row.fires + number) for number, tick in enumerate(ticks, 1)]
                 moves[row.pk] = (following, ticks[-1] if ticks else row.last_fire_at, len(ticks))
             _move(cursor, rows, moves)
             pushed = _push(cursor, fired, moment) if fired else 0
-            return pushed, len(rows), {row.pk: number for row, _, number in fired}
+            return pushed, len(rows), {row.pk: number for row, _, number in fired}, skipped
 
-    pushed, seen, counts = db.run(work, using)
+    pushed, seen, counts, skipped = db.run(work, using)
     fires.update(counts)
+    for row, tick, job_id in skipped:
+        if _said.get((row.name, "waiting")) != job_id:  # once per waiting job
+            _said[(row.name, "waiting")] = job_id
+            log.warning("schedule %s: tick %s skipped, and its next ones until job #%d of its last run is claimed"
+                        " (catch_up none keeps one job waiting); does a live worker serve its queue? (manage.py"
+                        " schedule show %s)", row.name, f"{tick:%Y-%m-%d %H:%M:%S}Z", job_id, row.name)
     return pushed, seen
 
 

@@ -94,10 +94,8 @@ class Scheduler:
         return True
 
     def stop(self) -> None:
-        """Give the lead up, so another worker takes it at once."""
-        if self.lead is not None:
-            try:
-                self.lead.release()
-            except Exception:  # noqa: BLE001 - it lapses within the ttl anyway
-                log.warning("scheduler: could not give the lead up; it lapses within %gs", self.ttl)
-            self.lead = None
+        """Give the lead up, so another worker takes it at once. A database error is
+        raised for the worker to say, with what else lapses: the lead does within the ttl."""
+        lead, self.lead = self.lead, None
+        if lead is not None:
+            lead.release()

@@ -56,6 +56,20 @@ SCHEDULES = {
         "DELETE FROM {r} USING jsonb_to_recordset(%s::jsonb) AS t(schedule bigint, upto bigint)"
         " WHERE {r}.schedule_id = t.schedule AND {r}.number <= t.upto"
     ),
+    # The jobs of schedules' last runs that no worker has claimed yet (catch_up "none"
+    # keeps one waiting), by the (schedule, number) index. One group per schedule, joined
+    # by OR, then ")"; params: schedule id, its last run's number, ...
+    "waiting": (
+        "SELECT r.schedule_id, j.id FROM {r} r JOIN {j} j ON j.id = r.job_id"
+        " WHERE j.status IN ({job.ready}, {job.blocked}) AND j.claims = 0 AND ("
+    ),
+    "waiting_one": "(r.schedule_id = %s AND r.number = %s)",
+    # ... on PostgreSQL. params: JSON records {schedule, number}
+    "waiting_records": (
+        "SELECT r.schedule_id, j.id FROM jsonb_to_recordset(%s::jsonb) AS t(schedule bigint, number bigint)"
+        " JOIN {r} r ON r.schedule_id = t.schedule AND r.number = t.number JOIN {j} j ON j.id = r.job_id"
+        " WHERE j.status IN ({job.ready}, {job.blocked}) AND j.claims = 0"
+    ),
     # -- how runs end --
     # Copy how the runs' jobs ended; a job deleted while it waited was discarded. params: job ids
     "runs_ended": (

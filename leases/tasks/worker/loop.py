@@ -4,8 +4,8 @@ One main thread talks to the database, through the stages of `leases.tasks.jobs`
 `concurrency` threads run handlers (`threads`). The main thread claims only as many jobs
 as there are free threads (a control token per thread) and writes the outcomes of finished
 jobs in the same transaction as its next claim: one commit per turn. Between claims it
-does its duties on their timers: the heartbeat (its row's lease and its jobs'), recovery of other workers' lapsed jobs, trims
-of finished runs, and, if it leads, the scheduler's passes.
+does its duties on their timers (`duties`): the heartbeat, recovery of other workers'
+lapsed jobs, trims of finished runs, and, if it leads, the scheduler's passes.
 
 An outcome the database refuses fails its job with that error instead of blocking the
 others; during an outage outcomes wait, and the heartbeat keeps their jobs ours.
@@ -26,18 +26,18 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import Error, connections
 
 from leases import conf, db, routing
-from leases.exceptions import Cancelled, LeaseLost, UnknownHandler
+from leases.exceptions import Cancelled, UnknownHandler
 from leases.validation import check_seconds
 
 from .. import registry
 from ..jobs import claim as claims
-from ..jobs import counts, handoff, history, leasing, limits, outcomes, recovery, steps, waits
+from ..jobs import counts, handoff, leasing, outcomes, recovery
 from ..jobs.claim import ClaimedJob
 from ..jobs.outcomes import Outcome, describe, failed
 from ..jobs.queues import SETTINGS_TTL, all_queues
 from ..schedules.leader import Scheduler
 from . import report
-from .duties import Duty
+from .duties import Duty, TimedDuties
 from .report import BURST_RETRY_WAIT, Stats
 from .threads import Threads, handler_for
 from .wakeup import Wakeup
@@ -46,12 +46,6 @@ log = logging.getLogger("leases.tasks.worker")
 
 T = TypeVar("T")
 
-#: Seconds between recoveries of lapsed jobs (the ttl bounds how stale they can be).
-RECOVER_EVERY = 5.0
-#: Seconds between trims of keys' old runs.
-TRIM_EVERY = 10.0
-#: Seconds between two log lines naming the keys held at their limit.
-LIMIT_LOG_EVERY = 30.0
 #: Shortest worker ttl: the heartbeat runs between claims and outcome writes, and one
 #: slow commit must not let a running job's lease lapse.
 MIN_TTL = 1.0
@@ -64,7 +58,7 @@ GATHER = 0.002
 LISTENING_POLL = 1.0
 
 
-class JobWorker:
+class JobWorker(TimedDuties):
     """A worker: `run()` until stopped, out of work (`burst`) or `max_jobs` done.
 
     `queues` is a list of names or ["*"] for all. `stop()` (SIGTERM) stops claiming and
@@ -114,6 +108,8 @@ class JobWorker:
         self._pending: list[Outcome] = []
         #: A claim failed after it may have committed: look up what we hold first.
         self._claim_unsure = False
+        #: The database error of the loop's last turn (None: it went through).
+        self._unreachable: BaseException | None = None
         #: When a --burst worker may leave: its own retries due soon have run by then.
         self._retries_until = 0.0
         #: The last claim got all it asked for: more may be due, so the next turn claims
@@ -176,19 +172,6 @@ class JobWorker:
     def stopping(self) -> bool:
         return self._stop_at is not None
 
-    def _duties(self) -> list[Duty]:
-        """What the loop does on timers, besides claiming and writing outcomes."""
-        now = time.monotonic()
-        duties = [
-            Duty(self.heartbeat, self.ttl / 3, due=now + self.ttl / 3),
-            Duty(self.recover, min(RECOVER_EVERY, self.ttl / 2), while_stopping=False),
-            Duty(self.trim, TRIM_EVERY, due=now + TRIM_EVERY),
-        ]
-        if self.schedule:
-            self.scheduler = Scheduler(self.name, self.ttl, self.using)
-            duties.append(Duty(self.scheduler.step, 0.0, while_stopping=False, paced=True))
-        return duties
-
     def run(self) -> Stats:
         """Serve until stop(), a signal, `max_jobs` or (burst) empty queues; hand back
         jobs claimed but not started, let running ones finish, and return the counts."""
@@ -205,8 +188,7 @@ class JobWorker:
         try:
             while True:
                 try:
-                    if self._turn(threads, duties):
-                        break
+                    done = self._turn(threads, duties)
                 except db.driver_errors(self.using) as exc:
                     # Outcomes not yet written stay pending, and the heartbeat keeps their
                     # jobs ours once it gets through. Beyond the ttl they are recovered.
@@ -214,13 +196,17 @@ class JobWorker:
                     log.error("worker %s: database error, retrying in 1s: %s", self.name, exc,
                               exc_info=not isinstance(exc, Error))
                     db.drop_if_broken(connections[self.using])
-                    if self.stopping and time.monotonic() >= self._stop_at:
-                        log.error("worker %s: grace over with the database failing; its jobs lapse"
-                                  " and other workers recover them", self.name)
-                        break
+                    self._unreachable = exc
+                    if self.stopping and (time.monotonic() >= self._stop_at or not self.running and not self._pending):
+                        break  # nothing left to wait for: what it holds lapses (see _shutdown)
                     time.sleep(1.0)
-            self._leave()
-            self._say_what_waits()
+                    continue
+                self._unreachable = None
+                if done:
+                    break
+            if self._unreachable is None:
+                self._leave()
+                self._say_what_waits()
         finally:
             self._shutdown(threads)
         return self.stats
@@ -251,6 +237,9 @@ class JobWorker:
                 self.hand_back()
             self.trim()
         except Error as exc:
+            if db.transient(exc):
+                self._unreachable = exc  # said once, with the row it cannot release either
+                return
             log.error("worker %s: could not hand back its jobs (%s); they are recovered when their"
                       " leases lapse", self.name, exc)
 
@@ -289,14 +278,27 @@ class JobWorker:
         threads.stop()
         if self.wakeup is not None:
             self.wakeup.stop()
-        if self.scheduler is not None:
-            self.scheduler.stop()
-        if self.hold is not None and not self.hold.lost:
-            try:
-                self.hold.release()
-            except Exception:  # noqa: BLE001 - the row lapses on its own
-                log.warning("worker %s: could not release its row", self.name, exc_info=True)
+        self._give_up()
         report.stopped(self.name, self.stats)
+
+    def _give_up(self) -> None:
+        """Give up the scheduler's lead and the worker's row, so others need not wait for
+        them to lapse. With the database away (the loop or the hand-back just met it), not
+        tried: one line says what lapses instead, as the jobs still ours do."""
+        left = len(self.running) + len(self._pending)
+        self.stats.lapsed += left
+        leading = self.scheduler is not None and self.scheduler.lead is not None
+        if self.hold is None or self.hold.lost:
+            return
+        if self._unreachable is None:
+            try:
+                if self.scheduler is not None:
+                    self.scheduler.stop()
+                self.hold.release()
+                return
+            except Error as exc:
+                self._unreachable = exc
+        report.left_unreleased(self.name, self.ttl, leading, left, self._unreachable)
 
     def unserved_handlers(self) -> list[registry.Handler]:
         """Handlers whose jobs go to a queue of this worker's database that it does not
@@ -505,6 +507,7 @@ class JobWorker:
                 raise
             log.error("worker %s: could not record that either (%s): %s #%d is recovered when its lease"
                       " lapses", self.name, exc, job.name, job.id)
+            self.stats.unrecorded += 1
 
     def _outage(self, exc: Exception) -> bool:
         """Whether `exc` came from the database being away rather than from what was sent:
@@ -529,68 +532,12 @@ class JobWorker:
             job.abandoned = True
         keep = [outcome.job.id for outcome in self._pending]  # finished: never run twice
         count = outcomes.hand_back(self.name, keep, self.using)
+        # The count may hold jobs of a claim whose reply was lost (never counted claimed),
+        # and lack known ones whose claim lapsed meanwhile (recovered elsewhere).
+        handed = min(count, len(self.running))
+        self.stats.handed_back += handed
+        self.stats.unrecorded += len(self.running) - handed
         self.running.clear()
         self._claim_unsure = False
         log.warning("worker %s: handed %d unfinished job(s) back to the queue", self.name, count)
         return count
-
-    # -- heartbeat, recovery, history ---------------------------------------------------
-
-    def _ours(self) -> list[int]:
-        """Jobs this worker runs or has finished without writing: their leases are its."""
-        return [*self.running, *(outcome.job.id for outcome in self._pending)]
-
-    def heartbeat(self) -> None:
-        """Renew the worker's lease and the leases of the jobs it runs, and only those."""
-        assert self.hold is not None
-        try:
-            self.hold.renew()
-        except LeaseLost:
-            old = self.name
-            log.error("worker %s: its lease lapsed (stalled longer than %.0fs); registering again", old, self.ttl)
-            self.register()
-            self._adopt(old)
-        recovery.extend(self.name, self._ours(), self.ttl, self.using)
-        leasing.renew([job.lease for job in self.running.values() if job.lease is not None], self.ttl, self.using)
-        for job_id in steps.cancel_requested(self.name, [i for i, j in self.running.items() if not j.cancel_requested],
-                                             self.using):
-            job = self.running[job_id]
-            job.cancel_requested, job.cancel_seen_at = True, time.monotonic()
-            if job.context is not None:
-                job.context.cancel_requested = True
-            log.warning("worker %s: job %s #%d was cancelled while it runs: it stops at its next step, sleep or"
-                        " wait, or is abandoned in %gs", self.name, job.name, job.id, self.grace)
-
-    def _adopt(self, old: str) -> None:
-        """Running jobs still under the lapsed name were not recovered: keep them as ours."""
-        recovery.adopt(self.name, old, self.using)
-        for job in self.running.values():
-            job.worker = self.name
-        for outcome in self._pending:
-            outcome.job.worker = self.name
-
-    def recover(self) -> int:
-        """Put back the jobs of workers whose heartbeat lapsed: ready, or dead when out of
-        attempts. Any live worker does this; SKIP LOCKED keeps them from colliding. This
-        worker's own jobs are left alone when it still runs them (its heartbeat was late)."""
-        total = recovery.recover_lapsed(self.using, by=f"worker {self.name}", keep=set(self._ours()),
-                                        worker=self.name)
-        self.stats.recovered += total
-        blocked = limits.unblock_pass(self.using)
-        now = time.monotonic()
-        if now >= self._next_limit_log:
-            stuck = waits.waiting(self.using, every=False, pools=self.pools) if self.pools else []
-            if blocked or stuck:
-                self._next_limit_log = now + LIMIT_LOG_EVERY
-            if blocked:
-                report.keys_at_limit(self.name, blocked)
-            for wait in stuck:
-                report.pool_waiting(self.name, wait)
-        return total
-
-    def trim(self) -> None:
-        """Keep only the newest LEASES_KEEP_RUNS finished runs of the keys that just ran."""
-        keys, self._finished_keys = self._finished_keys, set()
-        if keys:
-            history.trim_runs(keys, using=self.using)
-

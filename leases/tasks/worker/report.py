@@ -3,9 +3,10 @@ run time, and what happened), which keys hold jobs back, which handlers' queues 
 not serve, and its counts when it stops. The lines carry the job's fields for
 `--log-format json`.
 
-The stop line counts attempts, and says which of the failed ones failed their job for
-good, since `manage.py jobs stats` counts jobs: "12 attempts failed (9 retried, 3 failed
-for good)"."""
+The stop line puts every attempt the worker claimed in exactly one bucket, so they add
+up to "claimed": "12 claimed: 3 succeeded, 2 retried, 2 failed for good, 1 cancelled, 1
+banned, 1 bounced, 1 suspended, 1 handed back". "Failed for good" is what `manage.py
+jobs stats` counts as failed and dead."""
 from __future__ import annotations
 
 import logging
@@ -13,6 +14,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from leases import db
 from leases.management.text import span
 
 from ..jobs.outcomes import BOUNCE_DELAY, Outcome
@@ -24,29 +26,52 @@ log = logging.getLogger("leases.tasks.worker")
 BURST_RETRY_WAIT = 60.0
 #: Names a line lists at most.
 NAMES_SHOWN = 10
-#: What became of a failed attempt, by what write_outcomes wrote: tried again later, or
-#: the job ended for good (out of attempts, not to be retried, no worker had its handler).
-RETRIED = ("retry",)
-ENDED = ("dead", "failed", "unhandled", "cancelled")
+#: What became of a failed attempt, by what write_outcomes wrote: its job ended for good
+#: (out of attempts, not to be retried, no worker had its handler).
+ENDED = ("dead", "failed", "unhandled")
+#: The stop line's buckets after "succeeded", in its order: (Stats field, words). Each
+#: attempt claimed is counted in one of them once its end is known.
+BUCKETS = (
+    ("retried", "retried"),  # failed an attempt, runs again
+    ("ended", "failed for good"),  # out of attempts, not to be retried, or no worker had its handler
+    ("cancelled", "cancelled"),  # an operator cancelled it while it ran
+    ("banned", "banned"),  # its target refused its resource: back to the queue for another
+    ("bounced", "bounced"),  # no handler here: back to the queue for a worker that has it
+    ("suspended", "suspended"),  # a durable sleep or wait: the job waits, holding no thread
+    ("handed_back", "handed back"),  # still running when the stop's grace ran out: ready again, no try used
+    ("unrecorded", "not recorded"),  # its claim had lapsed and was taken back: another attempt counts it
+    ("lapsed", "left to lapse"),  # the database was away as the worker left: recovered once its lease lapses
+)
 
 
 @dataclass
 class Stats:
-    """What a worker did, counted once written: attempts claimed, and how they ended.
-    `failed` counts failed attempts: `retried` of them are tried again, `ended` failed
-    their job for good; the rest were recorded by no one, their claim taken back."""
+    """What a worker did: attempts claimed, and each one's end once written, in one of
+    the buckets of BUCKETS (or `succeeded`); `recovered` counts other workers' jobs it
+    put back. `failed` is the attempts that failed (retried or failed for good)."""
 
     claimed: int = 0
     succeeded: int = 0
-    failed: int = 0
     retried: int = 0
     ended: int = 0
-    recovered: int = 0
-    bounced: int = 0
+    cancelled: int = 0
     banned: int = 0
+    bounced: int = 0
     suspended: int = 0
+    handed_back: int = 0
+    unrecorded: int = 0
+    lapsed: int = 0
+    recovered: int = 0
     claims: int = 0
     started: float = field(default_factory=time.monotonic)
+
+    @property
+    def failed(self) -> int:
+        return self.retried + self.ended
+
+    def counted(self) -> int:
+        """Attempts whose end is counted: `claimed` once the worker has stopped."""
+        return self.succeeded + sum(getattr(self, name) for name, _ in BUCKETS)
 
 
 def outcomes_written(worker: str, outcomes: list[Outcome], written: dict[int, str], stats: Stats,
@@ -88,9 +113,14 @@ def outcomes_written(worker: str, outcomes: list[Outcome], written: dict[int, st
                         " resource", job.name, job.id, job.queue, lease.pool, lease.name, job.target,
                         outcome.banned.reason or "no reason given", extra={**fields, "outcome": "banned"})
             continue
-        stats.failed += 1
-        stats.retried += what in RETRIED
-        stats.ended += what in ENDED
+        if what == "cancelled":
+            stats.cancelled += 1
+        elif what == "retry":
+            stats.retried += 1
+        elif what in ENDED:
+            stats.ended += 1
+        else:  # "": its claim had been taken from it (fenced out)
+            stats.unrecorded += 1
         if what == "retry" and outcome.delay <= BURST_RETRY_WAIT:
             stay = max(stay, time.monotonic() + outcome.delay + 1.0)
         _failure(outcome, what, grace, fields)
@@ -156,13 +186,23 @@ def keys_at_limit(worker: str, blocked: dict[str, int]) -> None:
 
 
 def stopped(worker: str, stats: Stats) -> None:
-    """Attempts claimed and how they ended; jobs of stopped workers it put back."""
-    lapsed = stats.failed - stats.retried - stats.ended
-    failures = f"{stats.retried} retried, {stats.ended} failed for good" + (
-        f", {lapsed} not recorded: their claim had lapsed" if lapsed else "")
-    log.info("worker %s stopped: %d attempts claimed, %d succeeded, %d failed (%s), %d bounced; %d jobs of"
-             " stopped workers recovered", worker, stats.claimed, stats.succeeded, stats.failed, failures,
-             stats.bounced, stats.recovered)
+    """Attempts claimed and how each ended (the buckets add up to the claims); jobs of
+    stopped workers it put back. A bucket nothing fell in is left out, but succeeded."""
+    ends = [f"{stats.succeeded} succeeded"] + [
+        f"{getattr(stats, name)} {words}" for name, words in BUCKETS if getattr(stats, name)]
+    log.info("worker %s stopped: %d claimed: %s; %d jobs of stopped workers recovered", worker, stats.claimed,
+             ", ".join(ends), stats.recovered)
+
+
+def left_unreleased(worker: str, ttl: float, leading: bool, left: int, exc: BaseException) -> None:
+    """A worker that leaves while its database does not answer: why it could not give
+    its row back, and that the row frees itself, as what else it held does (one line,
+    no traceback)."""
+    also = (["the scheduler's lead"] if leading else []) + (
+        [f"its {left} unfinished job(s) (other workers then recover them)"] if left else [])
+    log.warning("worker %s could not release its row: the database does not answer (%s); the row frees itself"
+                " within its ttl of %gs%s", worker, db.one_line(exc), ttl, ", as do " + " and ".join(also) if also
+                else "")
 
 
 def unserved(worker: str, queues: list[str], handlers: list[Handler]) -> None:

@@ -7,6 +7,10 @@ out, at start as in the middle of work. Exit 2 on bad arguments.
 
 Queues routed to several databases (LEASES_ROUTES) are served by one worker per database,
 side by side in this process, each with `--concurrency` threads.
+
+Every worker but a `--burst` one (which leaves once its queues are empty) or one with
+`--no-schedule` takes part in leading the scheduler, whatever queues it serves: a tick
+only writes its job, on the queue that serves it (leases.tasks.schedules.serving).
 """
 from __future__ import annotations
 
@@ -72,7 +76,8 @@ class Command(LeasesCommand):
         )
         parser.add_argument(
             "--no-schedule", action="store_true",
-            help="take no part in firing schedules (by default one worker at a time leads and fires them)",
+            help="take no part in firing schedules (by default one worker at a time, not a --burst one, leads and"
+                 " fires them) and leave LEASES_SCHEDULES unapplied",
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -98,8 +103,9 @@ class Command(LeasesCommand):
                 max_jobs=options["max_jobs"],
                 grace=grace,
                 using=alias,
-                # Schedules live on LEASES_DATABASE: its worker takes part in firing them.
-                schedule=not options["no_schedule"] and alias == db.alias(),
+                # Schedules live on LEASES_DATABASE: its worker takes part in firing them,
+                # unless it leaves as soon as its queues are empty.
+                schedule=not options["no_schedule"] and not options["burst"] and alias == db.alias(),
                 listen=not options["no_listen"],
             )
             for alias, queues in by_database(names, options["database"]).items()
@@ -107,7 +113,7 @@ class Command(LeasesCommand):
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: [worker.stop() for worker in workers])
         for worker in workers:
-            if not self._ready(worker):
+            if not self._ready(worker, apply=not options["no_schedule"] and worker.using == db.alias()):
                 return  # stopped while waiting for the database
         others = [threading.Thread(target=worker.run, name=f"worker on {worker.using}") for worker in workers[1:]]
         for thread in others:
@@ -117,10 +123,11 @@ class Command(LeasesCommand):
             thread.join()
 
     @staticmethod
-    def _ready(worker: JobWorker) -> bool:
+    def _ready(worker: JobWorker, apply: bool) -> bool:
         """Check what a worker serves before it starts: its database answers (an outage
         is waited out; anything else, such as a wrong password, is bad input), its queues
-        are known, the schedules of LEASES_SCHEDULES apply. False if stopped meanwhile."""
+        are known, the schedules of LEASES_SCHEDULES apply (`apply`: a --burst worker
+        applies them too, though it does not lead). False if stopped meanwhile."""
         try:  # an outage is waited out, said at once (the reads below retry for seconds first)
             if worker.when_up(connections[worker.using].ensure_connection) is None and worker.stopping:
                 return False
@@ -138,7 +145,7 @@ class Command(LeasesCommand):
                     f"unknown queue(s): {', '.join(unknown or ['*'])} (known: {', '.join(sorted(known)) or 'none'})",
                     returncode=EX_USAGE,
                 )
-        if worker.schedule:
+        if apply:
             try:
                 applied = worker.when_up(schedules.apply_settings)
             except (ValueError, LookupError) as exc:  # LookupError: UnknownHandler

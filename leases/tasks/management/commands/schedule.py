@@ -16,6 +16,7 @@ from leases.management.base import LeasesCommand, add_database_option, import_mo
 from leases.management.text import block, clock, elapsed, parse_json, shown, table, when
 from leases.tasks import schedules
 from leases.tasks.models import Job, Schedule, ScheduleRun
+from leases.tasks.schedules.serving import place, serving
 
 #: Fire times `show` lists.
 UPCOMING = 5
@@ -69,10 +70,15 @@ class Command(LeasesCommand):
             ("enable", "enable it; its next tick counts from now"),
             ("disable", "fire nothing until enabled again"),
             ("remove", "delete it and its history"),
-            ("show", f"its definition, next {UPCOMING} fire times and last runs"),
+            ("show", f"its definition, the queue of its jobs and who serves it, next {UPCOMING} fire times and"
+                     " last runs"),
         ]:
             one = sub.add_parser(action, help=text)
             one.add_argument("name", help="the schedule's name")
+        sub.choices["show"].add_argument(
+            "--import", dest="imports", action="append", default=[], metavar="MODULE",
+            help="import MODULE for its handlers and pipelines (repeatable), to tell the queue of its jobs",
+        )
         add_database_option(*sub.choices.values())
 
     def handle(self, *args: Any, action: str, database: str | None, **options: Any) -> None:
@@ -153,7 +159,8 @@ class Command(LeasesCommand):
         schedules.unschedule(row.name, using=self.using)
         self.stdout.write(f"schedule {shown(name)} removed")
 
-    def _show(self, name: str, **options: Any) -> None:
+    def _show(self, name: str, imports: list[str], **options: Any) -> None:
+        import_modules(imports)
         using = self.using
         row = self._row(name)
         now = db_now(using)
@@ -162,7 +169,7 @@ class Command(LeasesCommand):
             ["name", shown(row.name)], ["what", what(row)], ["when", shown(timing.describe())],
             ["cron", shown(row.cron)],
             ["at", clock(row.at)], ["timezone", row.timezone if row.cron else ""],
-            ["queue", shown(row.queue) or "(the handler's)"], ["priority", str(row.priority)],
+            *self._queue(row), ["priority", str(row.priority)],
             ["catch up", row.catch_up], ["enabled", "yes" if row.enabled else "no"], ["source", row.source],
             ["fired", f"{row.fires} run(s), last at {clock(row.last_fire_at) or '-'}"],
         ]
@@ -188,3 +195,15 @@ class Command(LeasesCommand):
                 error if len(error) <= ERROR_WIDTH else error[: ERROR_WIDTH - 3] + "...",
             ])
         self.stdout.write(f"\nlast {len(runs)} run(s):\n" + table(lines))
+
+    def _queue(self, row: Schedule) -> list[list[str]]:
+        """The lines that say where its jobs go and which live workers serve that queue,
+        as the leader would push them (see leases.tasks.schedules.serving)."""
+        where = place(row, self.using)
+        workers = serving(where.queue, self.using)
+        hint = "" if where.known else "; define it in an installed app, or --import its module"
+        served = f"{len(workers)} live worker(s): " + ", ".join(shown(name) for name in workers[:5]) + (
+            " ..." if len(workers) > 5 else "") if workers else (
+            f"WARNING: no live worker serves queue {shown(where.queue)}: its jobs wait until one does"
+            f" (leases_worker --queue {shown(where.queue)})")
+        return [["queue", f"{shown(where.queue)} ({shown(where.why)}{hint})"], ["served by", served]]
