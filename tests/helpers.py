@@ -12,6 +12,7 @@ import subprocess
 import threading
 from collections import Counter
 from html.parser import HTMLParser
+from typing import Any
 
 
 class Rows(HTMLParser):
@@ -52,6 +53,30 @@ def table(response, *key: str) -> dict:
         parser.feed(html[start : html.index("</table>", start)])
     found = [{k: v.strip() for k, v in row.items()} for row in parser.rows if key[0] in row]
     return {row[key[0]] if len(key) == 1 else tuple(row[k] for k in key): row for row in found}
+
+
+def listed(client, url: str, **params) -> tuple[int, int | None]:
+    """A changelist's status and, for a page, how many rows it lists: what a user of the
+    admin learns from a search or a filter."""
+    response = client.get(url, params)
+    if response.status_code != 200:
+        return response.status_code, None
+    html = response.content.decode()
+    start = html.find('id="result_list"')
+    parser = Rows()
+    if start >= 0:
+        parser.feed(html[start : html.index("</table>", start)])
+    return 200, len([row for row in parser.rows if row])
+
+
+def staff(client, *codenames: str) -> Any:
+    """A staff user with these permissions only, logged in on `client`."""
+    from django.contrib.auth.models import Permission, User
+
+    found = User.objects.create_user("-".join(codenames), password="pw", is_staff=True)
+    found.user_permissions.add(*Permission.objects.filter(codename__in=codenames))
+    client.force_login(found)
+    return found
 
 
 def log_lines(path) -> list[tuple[int, int]]:

@@ -22,7 +22,7 @@ from leases.clock import db_now
 from leases.models import Resource
 from leases.ops import links
 from leases.ops.adminkit import Masking, fields_of
-from tests.helpers import Rows
+from tests.helpers import listed, staff
 
 pytestmark = pytest.mark.django_db
 
@@ -36,26 +36,6 @@ LOOKUPS = ["", "__exact", "__iexact", "__icontains", "__contains", "__startswith
 #: The admins of the installed apps whose pages mask something, and what.
 MASKED = [(model, model_admin) for model, model_admin in admin.site._registry.items()
           if model._meta.app_label.startswith("leases") and model_admin.masked]
-
-
-def viewer(client, *codenames: str) -> User:
-    found = User.objects.create_user("-".join(codenames), password="pw", is_staff=True)
-    found.user_permissions.add(*Permission.objects.filter(codename__in=codenames))
-    client.force_login(found)
-    return found
-
-
-def answer(client, url: str, **params) -> tuple[int, int | None]:
-    """The status of a changelist and, for a page, how many rows it lists."""
-    response = client.get(url, params)
-    if response.status_code != 200:
-        return response.status_code, None
-    html = response.content.decode()
-    start = html.find('id="result_list"')
-    parser = Rows()
-    if start >= 0:
-        parser.feed(html[start : html.index("</table>", start)])
-    return 200, len([row for row in parser.rows if row])
 
 
 def url_of(model) -> str:
@@ -84,12 +64,12 @@ def test_every_admin_of_the_apps_declares_what_it_masks():
 
 @pytest.mark.parametrize("model, model_admin", MASKED, ids=[model._meta.label for model, _ in MASKED])
 def test_a_viewer_may_filter_by_no_masked_field_of_any_list(client, model, model_admin):
-    viewer(client, view_permission(model))
+    staff(client, view_permission(model))
     url = url_of(model)
-    assert answer(client, url)[0] == 200
+    assert listed(client, url)[0] == 200
     for path in model_admin.masked:
         for lookup in LOOKUPS:
-            assert answer(client, url, **{f"{path}{lookup}": "x"}) == (400, None), f"{path}{lookup}"
+            assert listed(client, url, **{f"{path}{lookup}": "x"}) == (400, None), f"{path}{lookup}"
 
 
 @pytest.mark.parametrize("model, model_admin", MASKED, ids=[model._meta.label for model, _ in MASKED])
@@ -99,7 +79,7 @@ def test_who_sees_a_field_as_stored_filters_by_it_as_before(admin_client, model,
             continue  # a lookup through a relation is refused by the admin to everyone
         for lookup in ("", "__icontains", "__isnull"):
             value = "1" if lookup == "__isnull" else "x"
-            assert answer(admin_client, url_of(model), **{f"{path}{lookup}": value})[0] in (200, 302)
+            assert listed(admin_client, url_of(model), **{f"{path}{lookup}": value})[0] in (200, 302)
 
 
 def test_a_lookup_the_database_cannot_do_is_a_bad_lookup_not_an_error(admin_client):
@@ -126,26 +106,26 @@ def test_a_viewer_cannot_guess_a_resources_data(client, admin_client, proxies, l
     right, wrong = ("password", "nothing") if lookup.endswith("has_key") else ("PROXYPW-9", "WRONG-0")
     if lookup.endswith("startswith"):
         right, wrong = "PROX", "WRON"
-    assert answer(admin_client, RESOURCES, **{lookup: right}) == (200, 1)  # who may change finds it
-    assert answer(admin_client, RESOURCES, **{lookup: wrong}) == (200, 0)
-    viewer(client, "view_resource")
-    assert answer(client, RESOURCES, **{lookup: right}) == answer(client, RESOURCES, **{lookup: wrong}) == (400, None)
+    assert listed(admin_client, RESOURCES, **{lookup: right}) == (200, 1)  # who may change finds it
+    assert listed(admin_client, RESOURCES, **{lookup: wrong}) == (200, 0)
+    staff(client, "view_resource")
+    assert listed(client, RESOURCES, **{lookup: right}) == listed(client, RESOURCES, **{lookup: wrong}) == (400, None)
 
 
 def test_a_viewers_search_reads_pool_name_and_holder_only(client, proxies):
-    viewer(client, "view_resource")
-    assert answer(client, RESOURCES, q="PROXYPW-9") == answer(client, RESOURCES, q="WRONG-0") == (200, 0)
-    assert answer(client, RESOURCES, q="p1") == (200, 1)
+    staff(client, "view_resource")
+    assert listed(client, RESOURCES, q="PROXYPW-9") == listed(client, RESOURCES, q="WRONG-0") == (200, 0)
+    assert listed(client, RESOURCES, q="p1") == (200, 1)
 
 
 def test_a_verdicts_reason_is_masked_for_viewers_and_not_searchable_by_them(client, admin_client, proxies):
     targets.ban("proxies", "p1", "a.example", 600, reason="403 through http://u:PROXYPW-9@h:3128")
     targets.ban("proxies", "p2", "a.example", 600, reason="403")
-    assert answer(admin_client, VERDICTS, ban_reason__icontains="PROXYPW-9") == (200, 1)
-    viewer(client, "view_resource")
+    assert listed(admin_client, VERDICTS, ban_reason__icontains="PROXYPW-9") == (200, 1)
+    staff(client, "view_resource")
     for guess in ("PROXYPW-9", "WRONG-0"):
-        assert answer(client, VERDICTS, ban_reason__icontains=guess) == (400, None)
-        assert answer(client, VERDICTS, q=guess) == (200, 0)
+        assert listed(client, VERDICTS, ban_reason__icontains=guess) == (400, None)
+        assert listed(client, VERDICTS, q=guess) == (200, 0)
 
 
 # -- orderings and date drill-downs, through the declaration --------------------------------
@@ -215,13 +195,13 @@ def test_a_dashboard_link_never_filters_by_a_masked_field():
         links.changelist("leases_tasks.job", "default", queue="crawl", payload__api_key="x")
 
 
-def test_every_drill_down_of_a_viewers_dashboard_opens_for_that_viewer(client, proxies):
+def test_every_drill_down_of_a_viewers_dashboard_opens_for_that_staff(client, proxies):
     import tests.jobs  # noqa: F401 - registers "noop"
     from leases.tasks import push
 
     push("noop", {"api_key": "PAYKEY-0"})
     Pool("proxies").acquire(ttl=60)
-    viewer(client, "view_resource", "view_job", "view_queue", "view_run", "view_worker", "view_schedule")
+    staff(client, "view_resource", "view_job", "view_queue", "view_run", "view_worker", "view_schedule")
     page = client.get(reverse("leases:dashboard")).content.decode()
     found = {href.replace("&amp;", "&") for href in re.findall(r'href="(/admin/[^"]+\?[^"]+)"', page)}
     assert found  # the panels link to filtered lists
@@ -249,4 +229,4 @@ def test_no_lookup_on_a_masked_field_reaches_a_viewers_list(client, target, keys
         viewer_user.user_permissions.add(*Permission.objects.filter(codename__in=[
             view_permission(model) for model, _ in MASKED]))
     client.force_login(User.objects.get(username="guesser"))
-    assert answer(client, url_of(model), **{LOOKUP_SEP.join([path, *keys, lookup]): value}) == (400, None)
+    assert listed(client, url_of(model), **{LOOKUP_SEP.join([path, *keys, lookup]): value}) == (400, None)

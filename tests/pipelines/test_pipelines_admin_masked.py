@@ -4,38 +4,18 @@ them; a right and a wrong guess get the same answer. Who may steer runs filters 
 from __future__ import annotations
 
 import pytest
-from django.contrib.auth.models import Permission, User
 from django.urls import reverse
 
 import tests.pipes  # noqa: F401 - registers the p.* handlers
 from leases.pipelines import Pipeline, Stage
 from leases.pipelines.models import Run, StageRun, TaskRun
 from leases.tasks.worker import JobWorker
-from tests.helpers import Rows
+from tests.helpers import listed, staff
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("fresh_queue_settings")]
 
 RUNS = reverse("admin:leases_pipelines_run_changelist")
 LEAKY = Pipeline("adm-masked", [Stage("only", ["p.refuse"])])
-
-
-def login(client, *codenames: str) -> None:
-    user = User.objects.create_user("-".join(codenames), password="pw", is_staff=True)
-    user.user_permissions.add(*Permission.objects.filter(codename__in=codenames))
-    client.force_login(user)
-
-
-def answer(client, **params) -> tuple[int, int | None]:
-    """The status of the runs' list and, for a page, how many runs it lists."""
-    response = client.get(RUNS, params)
-    if response.status_code != 200:
-        return response.status_code, None
-    html = response.content.decode()
-    start = html.find('id="result_list"')
-    parser = Rows()
-    if start >= 0:
-        parser.feed(html[start : html.index("</table>", start)])
-    return 200, len([row for row in parser.rows if row])
 
 
 @pytest.fixture
@@ -68,13 +48,13 @@ GUESSES = [
     ({"tasks__run__context__icontains": "RUNTOK-1"}, {"tasks__run__context__icontains": "WRONG-1"}),
 ])
 def test_a_viewer_cannot_guess_a_runs_context_errors_or_events(client, secret_run, right, wrong):
-    login(client, "view_run")
-    assert answer(client, **right) == answer(client, **wrong) == (400, None)
-    assert answer(client, q="RUNTOK-1") == answer(client, q="WRONG-1") == (200, 0)
+    staff(client, "view_run")
+    assert listed(client, RUNS, **right) == listed(client, RUNS, **wrong) == (400, None)
+    assert listed(client, RUNS, q="RUNTOK-1") == listed(client, RUNS, q="WRONG-1") == (200, 0)
 
 
 @pytest.mark.parametrize("right, wrong", GUESSES)
 def test_who_may_steer_runs_filters_by_them_as_before(client, secret_run, right, wrong):
-    login(client, "view_run", "change_run")
-    assert answer(client, **right) == (200, 1)
-    assert answer(client, **wrong) == (200, 0)
+    staff(client, "view_run", "change_run")
+    assert listed(client, RUNS, **right) == (200, 1)
+    assert listed(client, RUNS, **wrong) == (200, 0)

@@ -5,38 +5,18 @@ jobs or schedules search and filter as before."""
 from __future__ import annotations
 
 import pytest
-from django.contrib.auth.models import Permission, User
 from django.urls import reverse
 
 import tests.jobs  # noqa: F401 - registers "noop"
 from leases.clock import db_now
 from leases.tasks import push, schedule
 from leases.tasks.models import Job, JobError, JobEvent, JobStep, ScheduleRun
-from tests.helpers import Rows
+from tests.helpers import listed, staff
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("fresh_queue_settings")]
 
 JOBS = reverse("admin:leases_tasks_job_changelist")
 SCHEDULES = reverse("admin:leases_tasks_schedule_changelist")
-
-
-def login(client, *codenames: str) -> None:
-    user = User.objects.create_user("-".join(codenames), password="pw", is_staff=True)
-    user.user_permissions.add(*Permission.objects.filter(codename__in=codenames))
-    client.force_login(user)
-
-
-def answer(client, url: str, **params) -> tuple[int, int | None]:
-    """The status of a changelist and, for a page, how many rows it lists."""
-    response = client.get(url, params)
-    if response.status_code != 200:
-        return response.status_code, None
-    html = response.content.decode()
-    start = html.find('id="result_list"')
-    parser = Rows()
-    if start >= 0:
-        parser.feed(html[start : html.index("</table>", start)])
-    return 200, len([row for row in parser.rows if row])
 
 
 @pytest.fixture
@@ -69,25 +49,25 @@ GUESSES = [
 
 @pytest.mark.parametrize("right, wrong", GUESSES)
 def test_a_viewer_cannot_guess_a_jobs_payload_or_result(client, secrets, right, wrong):
-    login(client, "view_job")
-    assert answer(client, JOBS, **right) == answer(client, JOBS, **wrong)
-    assert answer(client, JOBS, **right) in ((200, 0), (400, None))
+    staff(client, "view_job")
+    assert listed(client, JOBS, **right) == listed(client, JOBS, **wrong)
+    assert listed(client, JOBS, **right) in ((200, 0), (400, None))
 
 
 @pytest.mark.parametrize("right, wrong", GUESSES)
 def test_who_may_change_jobs_searches_and_filters_payloads_and_results_as_before(client, secrets, right, wrong):
-    login(client, "view_job", "change_job")
-    assert answer(client, JOBS, **right) == (200, 1)
-    assert answer(client, JOBS, **wrong) == (200, 0)
+    staff(client, "view_job", "change_job")
+    assert listed(client, JOBS, **right) == (200, 1)
+    assert listed(client, JOBS, **wrong) == (200, 0)
 
 
 def test_a_viewers_payload_search_says_why_it_finds_nothing(client, secrets):
-    login(client, "view_job")
+    staff(client, "view_job")
     response = client.get(JOBS, {"kind": "all", "q": "payload.api_key:PAYKEY-0"})
     assert [str(m) for m in response.context["messages"]] == [
         "Search: payload fields are searched only by users who may change jobs, who see payloads as stored."]
-    assert answer(client, JOBS, kind="all", q="noop") == (200, 2)  # the rest of the search works
-    assert answer(client, JOBS, kind="all", q=str(secrets.pk)) == (200, 1)
+    assert listed(client, JOBS, kind="all", q="noop") == (200, 2)  # the rest of the search works
+    assert listed(client, JOBS, kind="all", q=str(secrets.pk)) == (200, 1)
 
 
 @pytest.mark.parametrize("right, wrong", [
@@ -99,8 +79,8 @@ def test_a_viewers_payload_search_says_why_it_finds_nothing(client, secrets):
     ({"errors__job__payload__icontains": "PAYKEY-0"}, {"errors__job__payload__icontains": "WRONG-0"}),
 ])
 def test_a_viewer_cannot_guess_a_jobs_errors_steps_or_events(client, secrets, right, wrong):
-    login(client, "view_job")
-    assert answer(client, JOBS, **right) == answer(client, JOBS, **wrong) == (400, None)
+    staff(client, "view_job")
+    assert listed(client, JOBS, **right) == listed(client, JOBS, **wrong) == (400, None)
 
 
 # -- schedules -----------------------------------------------------------------------------
@@ -125,13 +105,13 @@ SCHEDULE_GUESSES = [
     ({"runs__error__icontains": "SCHKEY-6"}, {"runs__error__icontains": "WRONG-6"}),
 ])
 def test_a_viewer_cannot_guess_a_schedules_payload_or_its_runs_errors(client, secret_schedule, right, wrong):
-    login(client, "view_schedule")
-    assert answer(client, SCHEDULES, **right) == answer(client, SCHEDULES, **wrong) == (400, None)
-    assert answer(client, SCHEDULES, q="SCHTOK-5") == answer(client, SCHEDULES, q="WRONG-5") == (200, 0)
+    staff(client, "view_schedule")
+    assert listed(client, SCHEDULES, **right) == listed(client, SCHEDULES, **wrong) == (400, None)
+    assert listed(client, SCHEDULES, q="SCHTOK-5") == listed(client, SCHEDULES, q="WRONG-5") == (200, 0)
 
 
 @pytest.mark.parametrize("right, wrong", SCHEDULE_GUESSES)
 def test_who_may_change_schedules_filters_by_payload_as_before(client, secret_schedule, right, wrong):
-    login(client, "view_schedule", "change_schedule")
-    assert answer(client, SCHEDULES, **right) == (200, 1)
-    assert answer(client, SCHEDULES, **wrong) == (200, 0)
+    staff(client, "view_schedule", "change_schedule")
+    assert listed(client, SCHEDULES, **right) == (200, 1)
+    assert listed(client, SCHEDULES, **wrong) == (200, 0)
