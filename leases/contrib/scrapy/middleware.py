@@ -450,7 +450,8 @@ class LeasesMiddleware:
 
         def write() -> None:
             try:
-                targets.ban(c.pool, lease.name, c.target, c.quarantine, reason, self.pool.using, holder=lease.holder)
+                targets.ban(c.pool, lease.name, c.target, c.quarantine, reason, self.pool.using,
+                            holder=lease.holder)
             finally:
                 connections.close_all()  # this executor thread's own
 

@@ -137,11 +137,12 @@ class Command(LeasesCommand):
         )
         quarantine.add_argument("--reason", default="", help="why, shown by list and the admin")
         said = sub.add_parser(
-            "targets", help="what targets (sites) say of resources: bans, rests and paces in force, or their history",
-            description="The bans, rests and paces in force, by pool, resource and target. With POOL and --target, "
-                        "first how the pool stands for that target: how many resources could start its work now, why "
-                        "the others cannot, and when the first comes back. --history: the log of bans, rests and lifts "
-                        "instead, newest first, with who said each.")
+            "targets",
+            help="what targets (sites) say of resources: bans, rests and paces in force, or their history",
+            description="The bans, rests and paces in force, by pool, resource and target. With POOL and "
+                        "--target, first how the pool stands for that target: how many resources could start "
+                        "its work now, why the others cannot, and when the first comes back. --history: the "
+                        "log of bans, rests and lifts instead, newest first, with who said each.")
         said.add_argument("pool", nargs="?", help="only this pool (default: every pool)")
         said.add_argument("--target", help="only this target (a site)")
         said.add_argument("--resource", help="only this resource")
