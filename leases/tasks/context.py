@@ -23,35 +23,11 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, NoReturn
 
-from leases.exceptions import Banned, Cancelled, LeaseLost, StepMismatch, Suspend, TimedOut
+from leases.exceptions import Banned, Cancelled, StepMismatch, Suspend, TimedOut
 from leases.validation import MAX_SECONDS, check_moment, check_name, check_seconds
 
+from .joblease import JobLease
 from .jobs import steps
-
-
-@dataclass
-class JobLease:
-    """The resource a running job holds: claimed with the job, renewed by its worker's
-    heartbeat, released when the attempt ends. `token` is the fencing token: it grows with
-    every acquisition of the resource, so a system that remembers the highest it has seen
-    can refuse a stale holder."""
-
-    pool: str
-    name: str
-    slot: int
-    data: Any
-    token: int
-    id: int
-    holder: str
-    #: Set by the worker when a renewal failed (the resource was released, quarantined or
-    #: removed by an operator): the job no longer holds it.
-    lost: bool = False
-
-    def check(self) -> None:
-        """LeaseLost if the job no longer holds its resource."""
-        if self.lost:
-            raise LeaseLost(f"job's lease on {self.pool}/{self.name} (token {self.token}) was lost")
-
 
 _MISSING = object()
 

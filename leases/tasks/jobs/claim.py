@@ -22,7 +22,7 @@ from leases.encoding import load_json
 from leases.sql import in_list
 
 from .. import registry, sql
-from ..context import JobLease
+from ..joblease import JobLease
 from . import leasing, limits
 
 log = logging.getLogger("leases.tasks.worker")

@@ -35,7 +35,7 @@ from leases.lease import job_holder
 from leases.sql import in_list
 
 from .. import registry, sql
-from ..context import JobLease
+from ..joblease import JobLease
 from ..needs import Needs
 
 log = logging.getLogger("leases.tasks.worker")
