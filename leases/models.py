@@ -46,7 +46,9 @@ class Resource(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["pool", "name", "slot"], name="leases_resource_slot")
         ]
-        indexes = [models.Index(fields=["pool", "busy_before"], name="leases_resource_free")]
+        # The longest free first, ties by id: the claim's order, read straight from the
+        # index on every vendor (InnoDB appends the id by itself; PostgreSQL would sort).
+        indexes = [models.Index(fields=["pool", "busy_before", "id"], name="leases_resource_free")]
         ordering = ["pool", "name", "slot"]
 
     def __str__(self) -> str:

@@ -135,6 +135,43 @@ def test_a_ban_keeps_the_resource_from_its_target_only_and_spends_no_attempt():
     w.hand_back()
 
 
+def test_a_target_refusing_every_slot_the_claim_reads_first_still_gets_a_free_one_beyond():
+    from leases.tasks.jobs.leasing import FREE_READ
+
+    Pool("proxies").add_many([(f"p{n:03d}", None) for n in range(FREE_READ + 6)])
+    Resource.objects.filter(name__gte=f"p{FREE_READ:03d}").update(busy_before=db_now())  # freed last
+    for n in range(FREE_READ):  # a.example bans every slot the claim reads first
+        targets.ban("proxies", f"p{n:03d}", "a.example", 600)
+    push_many([("lease.fetch", {"n": 1, "site": "b.example"}), ("lease.fetch", {"n": 2, "site": "a.example"})])
+    w = worker(concurrency=2)
+    got = {job.target: job.lease.name for job in w.claim(2)}
+    assert got["b.example"] == "p000" and got["a.example"] >= f"p{FREE_READ:03d}", got
+    w.hand_back()
+
+
+def test_a_claim_of_many_targets_reads_the_free_slots_once(monkeypatch):
+    from leases import db
+
+    Pool("proxies").add_many([(f"p{n}", None) for n in range(40)])
+    push_many([("lease.fetch", {"n": n, "site": f"s{n}.example"}) for n in range(16)])
+    targets.ban("proxies", "p0", "s0.example", 600)
+    w = worker(concurrency=16)
+    statements, execute = [], db.Cursor.execute
+
+    def counting(cursor, sql, params=()):
+        statements.append(sql)
+        return execute(cursor, sql, params)
+
+    monkeypatch.setattr(db.Cursor, "execute", counting)
+    claimed = w.claim(16)
+    monkeypatch.undo()
+    assert len(claimed) == 16 and len({job.lease.name for job in claimed}) == 16
+    assert next(job.lease.name for job in claimed if job.target == "s0.example") != "p0"
+    reads = [sql for sql in statements if "ORDER BY busy_before" in sql]
+    assert len(reads) == 1, reads  # not a read per target
+    w.hand_back()
+
+
 def test_a_rest_rests_the_resource_for_its_target_after_the_job():
     Pool("proxies").add("p1")
     push("lease.fetch", {"n": 1, "site": "a.example", "rest": True})
@@ -279,14 +316,21 @@ def test_a_pools_lane_and_a_targets_free_slots_are_index_range_reads_on_mysql():
         pytest.skip("EXPLAIN checked on MySQL/MariaDB (PostgreSQL's in test_plans_postgres.py)")
     push_many([("lease.fetch", {"n": n, "site": f"s{n % 20}"}) for n in range(3000)])
     Pool("proxies").add_many([(f"r{n}", None) for n in range(3000)])
-    targets.ban("proxies", "r1", "s1", 600)
+    until = db_now() + timedelta(minutes=10)
+    ResourceTarget.objects.bulk_create([ResourceTarget(pool="proxies", name=f"r{n}", target=f"s{n % 20}",
+                                                       banned_until=until, updated_at=until) for n in range(0, 3000, 3)])
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE TABLE leases_tasks_job, leases_resource, leases_resourcetarget")
         cursor.fetchall()
         for sql, params, index in [(statements(connection, "job").due, ["crawl", "proxies", 10], "leases_job_claim"),
                                    (statements(connection, "leasing").free_for, ["proxies", "s1", 64],
-                                    "leases_resource_free")]:
+                                    "leases_resource_free"),
+                                   (statements(connection, "leasing").free, ["proxies", 64], "leases_resource_free"),
+                                   (statements(connection, "leasing").refused + "%s, %s) AND name IN (%s, %s)",
+                                    ["proxies", "s1", "s2", "r1", "r2"], "leases_resource_target")]:
             cursor.execute("EXPLAIN " + sql.replace(" FOR UPDATE SKIP LOCKED", ""), params)
             columns = [c[0] for c in cursor.description]
             plan = dict(zip(columns, cursor.fetchone()))  # the first table read
-            assert plan["key"] == index and "filesort" not in (plan["Extra"] or ""), plan
+            # The refusals of a few resources for a few targets: either index reads a few rows.
+            assert plan["key"] in {index, "leases_target_of_resource"} and plan["type"] != "ALL", plan
+            assert "filesort" not in (plan["Extra"] or ""), plan

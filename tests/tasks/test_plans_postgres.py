@@ -4,6 +4,8 @@ whose statistics are stale: right after a bulk push of 20,000 jobs (or a bulk ad
 the tables empty would choose a sequential scan, and every claim would read them whole."""
 from __future__ import annotations
 
+import re
+
 import pytest
 from django.db import connection, transaction
 
@@ -94,3 +96,25 @@ def test_a_pools_lane_is_read_in_turn_order_and_its_free_slots_through_the_pool_
         targets.ban("proxies", f"r{n}", "s1", 600)
     shown = analyzed(statements(connection, "leasing").free_for, ["proxies", "s1", 64])
     assert "leases_resource_free" in shown and "Seq Scan on leases_resource " not in shown, shown
+    refused = statements(connection, "leasing").refused + "%s, %s) AND name IN (%s, %s, %s)"
+    shown = analyzed(refused, ["proxies", "s1", "s3", "r0", "r1", "r2"])
+    assert "Index" in shown and "Seq Scan" not in shown, shown
+
+
+def test_with_statistics_current_a_pools_free_slots_are_read_in_index_order_never_sorted():
+    """As a running server keeps its statistics: the longest free slots, ties by id, are
+    the index's order, so the claim reads 64 of 20,000 free slots and sorts none."""
+    import tests.tasks.test_leased_jobs  # noqa: F401 - registers lease.fetch (pool "proxies")
+    from leases import targets
+
+    Pool("proxies").add_many([(f"r{n}", None) for n in range(20_000)])
+    for n in range(0, 200, 2):
+        targets.ban("proxies", f"r{n}", "s1", 600)
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE leases_resource, leases_resourcetarget")
+    for sql, params in [(statements(connection, "leasing").free, ["proxies", 64]),
+                        (statements(connection, "leasing").free_for, ["proxies", "s1", 64])]:
+        shown = analyzed(sql, params)
+        assert "Index Scan using leases_resource_free" in shown and "Sort" not in shown, shown
+        read = int(re.search(r"actual time=\S+ rows=(\d+)", shown.split("Index Scan")[1]).group(1))
+        assert read <= 200, shown  # 64, and those s1 bans among the first (half of them)

@@ -150,12 +150,20 @@ class _Slot:
 
 
 def _pair(cursor: Any, pool: str, rows: list[tuple], limit: int) -> list[tuple[tuple, _Slot]]:
-    """Each job in claim order with the longest free slot it may use, while slots last:
-    read per target, its refusals (bans, rests, pace) left out in the statement, so slots
-    a target refuses never hide the others from it."""
+    """Each job in claim order with the longest free slot it may use, while slots last.
+
+    Two reads serve the whole claim, however many targets its jobs have: the pool's
+    longest free slots (locked), and which of them the jobs' targets refuse now (bans,
+    rests, pace). Only a target that refuses every slot of that read, while more are free,
+    gets a read of its own with its refusals left out in the statement, so slots a target
+    refuses never hide the others from it.
+    """
     bound = _bound(cursor, pool, rows)
     usable_bound = _usable(cursor, pool, set(bound.values()))
-    free: dict[str, list[_Slot]] = {}
+    size = max(FREE_READ, 2 * limit)
+    shared = _free(cursor, pool, size)
+    refused = _refused(cursor, pool, shared, {row[17] for row in rows})
+    own: dict[str, list[_Slot]] = {}  # a target's own read, when the shared one had nothing for it
     taken: set[int] = set()
     paced: set[tuple[str, str]] = set()  # (resource, target) started here under a pace
     pairs = []
@@ -163,24 +171,46 @@ def _pair(cursor: Any, pool: str, rows: list[tuple], limit: int) -> list[tuple[t
         if len(pairs) == limit:
             break
         target = row[17]
-        if target not in free:
-            free[target] = _free_for(cursor, pool, target)
         needs = needs_for(row[4], row[5]) or Needs(pool)
         name = bound.get(row[18]) if row[18] else None
         if name is not None and name not in usable_bound:
             name = None  # its resource is quarantined or gone: the key moves on
-        slots = free[target] if name is None else _named_slots(cursor, pool, target, name)
-        for slot in slots:
-            if slot.id in taken or (name is not None and slot.name != name) or (slot.name, target) in paced:
-                continue
-            if not needs.qualifies(load_json(slot.data)):
-                continue
-            taken.add(slot.id)
-            if needs.pace and target:  # another slot of the resource must not start for it now
-                paced.add((slot.name, target))
-            pairs.append((row, slot))
-            break
+
+        def fits(slot: _Slot) -> bool:
+            return (slot.id not in taken and (name is None or slot.name == name)
+                    and (slot.name, target) not in paced and needs.qualifies(load_json(slot.data)))
+
+        if name is not None:
+            slot = next(filter(fits, _named_slots(cursor, pool, target, name)), None)
+        else:
+            slot = next((slot for slot in shared if (slot.name, target) not in refused and fits(slot)), None)
+            if slot is None and len(shared) == size and any((s.name, target) in refused for s in shared):
+                if target not in own:
+                    own[target] = _free_for(cursor, pool, target)
+                slot = next(filter(fits, own[target]), None)
+        if slot is None:
+            continue
+        taken.add(slot.id)
+        if needs.pace and target:  # another slot of the resource must not start for it now
+            paced.add((slot.name, target))
+        pairs.append((row, slot))
     return pairs
+
+
+def _free(cursor: Any, pool: str, size: int) -> list[_Slot]:
+    """The pool's `size` longest free slots, locked."""
+    cursor.execute(sql.leasing(cursor.db).free, (pool, size))
+    return [_Slot(*row) for row in cursor.fetchall()]
+
+
+def _refused(cursor: Any, pool: str, slots: list[_Slot], wanted: set[str]) -> set[tuple[str, str]]:
+    """(resource, target) of these slots' resources that these targets refuse now."""
+    names, wanted = sorted({slot.name for slot in slots}), sorted(wanted - {""})
+    if not names or not wanted:
+        return set()
+    cursor.execute(sql.leasing(cursor.db).refused + in_list(wanted) + " AND name IN (" + in_list(names),
+                   (pool, *wanted, *names))
+    return set(cursor.fetchall())
 
 
 def _free_for(cursor: Any, pool: str, target: str) -> list[_Slot]:
