@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 USES_MYSQL := $(findstring mysql,$(firstword $(subst :, ,$(DATABASE_URL))))
 USES_POSTGRES := $(findstring postgres,$(firstword $(subst :, ,$(DATABASE_URL))))
 
-.PHONY: venv demo test test-django61 venv61 docs bench bench-queue bench-pipelines bench-resources bench-durable bench-peers bench-capacity soak clean galera-up galera-down test-galera pg-ha-up pg-ha-down test-pg-ha
+.PHONY: venv demo test test-django61 venv61 docs bench bench-queue bench-pipelines bench-resources bench-scale bench-durable bench-peers bench-capacity soak clean galera-up galera-down test-galera pg-ha-up pg-ha-down test-pg-ha
 
 $(VENV)/.installed: requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -90,6 +90,11 @@ bench-pipelines: $(VENV)/.bench $(if $(findstring sqlite,$(BENCH_ARGS)),,$(VENV)
 # MariaDB unless BENCH_ARGS="--database postgres" (or sqlite).
 bench-resources: $(VENV)/.bench $(if $(findstring sqlite,$(BENCH_ARGS)),,$(VENV)/.mysql $(VENV)/.postgres)
 	$(PY) bench/resources.py $(BENCH_ARGS)
+
+# The claim of resource-holding jobs at size: 1 site and 40 resources beside 1,000 sites,
+# 10,000 resources and 5,000 refusals; MariaDB unless BENCH_ARGS="--database postgres" (or sqlite).
+bench-scale: $(VENV)/.bench $(if $(findstring sqlite,$(BENCH_ARGS)),,$(VENV)/.mysql $(VENV)/.postgres)
+	$(PY) bench/scale.py $(BENCH_ARGS)
 
 # Durable handlers: a step's cost beside plain jobs, 10,000 sleeping jobs holding no thread,
 # an event's round trip, async handlers; MariaDB unless BENCH_ARGS="--database postgres" (or sqlite).

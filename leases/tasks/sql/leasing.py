@@ -12,22 +12,22 @@ _USABLE_FOR = USABLE_FOR.replace("{t}", "{r}")
 LEASING = {
     # Whether the pool has a free slot at all. params: pool
     "any_free": "SELECT 1 FROM {r} WHERE pool = %s AND busy_before <= {now} LIMIT 1",
-    # The pool's longest free slots, locked: an index range read of (pool, busy_before).
-    # params: pool, how many
+    # The pool's longest free slots, locked: an index range read of (pool, busy_before, id),
+    # in its order. params: pool, how many
     "free": (
         "SELECT id, token, name, slot, data FROM {r} WHERE pool = %s AND busy_before <= {now}"
         " ORDER BY busy_before, id LIMIT %s{skip_locked}"
     ),
-    # Which of these resources these targets refuse now (banned, rested or paced): probes
-    # of the unique (pool, target, name) index. Completed with the targets, " AND name IN (",
-    # and the names. params: pool, then targets, then names
+    # Which of these resources these targets refuse now (banned, rested or paced): index
+    # reads of a few rows, by (pool, target, name) or (pool, name). Completed with the
+    # targets, " AND name IN (", and the names. params: pool, then targets, then names
     "refused": (
         "SELECT name, target FROM {g} WHERE pool = %s"
         " AND (banned_until > {now} OR rested_until > {now} OR next_start_at > {now}) AND target IN ("
     ),
     # The pool's free slots a target does not refuse now (banned, rested or paced: each
     # a probe of the unique (pool, target, name) index), longest free first, locked: an
-    # index range read of (pool, busy_before). params: pool, target, how many
+    # index range read of (pool, busy_before, id). params: pool, target, how many
     "free_for": (
         "SELECT id, token, name, slot, data FROM {r} WHERE pool = %s AND busy_before <= {now}" + _USABLE_FOR
         + " ORDER BY busy_before, id LIMIT %s{skip_locked}"
