@@ -12,6 +12,7 @@ import os
 import signal
 import socket
 import time
+from datetime import datetime
 
 import pytest
 
@@ -78,7 +79,7 @@ def test_six_spiders_share_four_proxies_through_a_ban_and_a_kill(crawl):
     wait_for(lambda: Pool(crawl.pool).stats()["held"] == 0, TTL + 2, "every proxy released")
 
 
-def test_a_spider_waiting_for_a_proxy_stops_within_a_second_of_sigterm_or_gives_up(crawl):
+def test_a_spider_waiting_for_a_proxy_stops_at_sigterm_without_waiting_it_out_or_gives_up(crawl):
     crawl.add_proxies(1)
     holder = crawl.start(pages=100_000, CONCURRENT_REQUESTS=4)  # only keeps the proxy busy: a light load
     wait_for(lambda: len(crawl.requests()) >= 5, 40, "the first spider crawling")
@@ -88,7 +89,14 @@ def test_a_spider_waiting_for_a_proxy_stops_within_a_second_of_sigterm_or_gives_
     sent = time.monotonic()
     waiting.send_signal(signal.SIGTERM)
     stats = crawl.finish(waiting, timeout=10)
-    assert time.monotonic() - sent < 1.0, crawl.log(waiting)[-2000:]
+    # It would wait 50 s for the proxy: gone within a few, the wait was cut short (its log
+    # shows the close in the second of the signal; the rest is the interpreter's exit, past
+    # a second once on CI's busy cores).
+    assert time.monotonic() - sent < 5.0, crawl.log(waiting)[-2000:]
+    closing = [line[:19] for line in crawl.log(waiting).splitlines()
+               if "Received SIGTERM" in line or "Spider closed" in line]
+    took = datetime.fromisoformat(closing[-1]) - datetime.fromisoformat(closing[0])
+    assert len(closing) == 2 and took.total_seconds() <= 1, closing
     assert stats["finish_reason"] == "shutdown"
     assert str(waiting.pid) not in {e["spider"] for e in crawl.requests()}
     assert "Traceback" not in crawl.log(waiting)
@@ -203,7 +211,7 @@ def test_with_a_target_a_ban_is_that_targets_only_and_shared_with_jobs():
     assert not Resource.objects.filter(pool="unit", quarantined_until__isnull=False).exists()
     assert set(targets.unusable_now("unit", "shop.example", ["a", "b"])) == {banned_name}
     assert not targets.unusable_now("unit", "other.example", ["a", "b"])
-    assert Pool("unit", target="shop.example").acquire(ttl=5).name != banned_name  # acquirers of the target too
+    assert Pool("unit", target="shop.example").acquire(ttl=5).name != banned_name  # its acquirers too
     assert mw.crawler.stats.get_value("leases/bans") == 1
     (said,) = targets.history("default", pool="unit")  # the log names the spider's holding: host:pid:random
     assert (said.name, said.target, said.kind) == (banned_name, "shop.example", "ban")
