@@ -144,7 +144,7 @@ def explain() -> None:
     site = ResourceTarget.objects.filter(pool=POOL).values_list("target", flat=True).first() or ""
     reads = {
         "a lane's due jobs": (task_sql.jobs(connection).due, [QUEUE, POOL, 64]),
-        "a site's free resources": (task_sql.leasing(connection).free_for, [POOL, site, FREE_READ]),
+        "a site's free resources": (task_sql.leasing(connection).free_for, [POOL, POOL, site, FREE_READ]),
     }
     prefix = {"postgresql": "EXPLAIN (ANALYZE, BUFFERS) ", "mysql": "ANALYZE ", "sqlite": "EXPLAIN QUERY PLAN "}
     for what, (statement, params) in reads.items():

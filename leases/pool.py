@@ -350,7 +350,7 @@ class Pool:
         if self.target is None:
             cursor.execute(st.candidates, (self.name, CANDIDATES))
         else:
-            cursor.execute(st.candidates_for, (self.name, self.target, CANDIDATES))
+            cursor.execute(st.candidates_for, (self.name, self.name, self.target, CANDIDATES))
         return cursor.fetchall()
 
     @staticmethod

@@ -19,10 +19,12 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from . import db
 from .choices import VerdictKind
 
-#: A resource row ({t}) that its target (the parameter) does not refuse now: no ban, rest
-#: or pace of leases.targets, a probe of the unique (pool, target, name) index.
+#: A resource row ({t}) that its target does not refuse now: no ban, rest or pace of
+#: leases.targets, a probe of the unique (pool, target, name) index. params: the pool
+#: (again: MariaDB turns the NOT EXISTS into an IN it materializes, and without the pool
+#: as a constant that read every refusal of every pool), the target.
 USABLE_FOR = (
-    " AND NOT EXISTS (SELECT 1 FROM {g} g WHERE g.pool = {t}.pool AND g.target = %s AND g.name = {t}.name"
+    " AND NOT EXISTS (SELECT 1 FROM {g} g WHERE g.pool = %s AND g.target = %s AND g.name = {t}.name"
     " AND (g.banned_until > {now} OR g.rested_until > {now} OR g.next_start_at > {now}))"
 )
 
@@ -35,7 +37,7 @@ RESOURCE = {
         "SELECT id, token, name, data, {now}, slot FROM {t}"
         " WHERE pool = %s AND busy_before <= {now} ORDER BY busy_before LIMIT %s"
     ),
-    # ... but those a target refuses now. params: pool, target, how many
+    # ... but those a target refuses now. params: pool, pool, target, how many
     "candidates_for": (
         "SELECT id, token, name, data, {now}, slot FROM {t} WHERE pool = %s AND busy_before <= {now}" + USABLE_FOR
         + " ORDER BY busy_before LIMIT %s"

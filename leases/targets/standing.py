@@ -114,7 +114,7 @@ def _standing(cursor: Any, pool: str, target: str, qualifies: Callable[[Any], bo
     if qualifies is not None and usable > 0:
         kind = statements(cursor.db)
         if target:
-            cursor.execute(kind.candidates_for, (pool, target, FILTER_READ))
+            cursor.execute(kind.candidates_for, (pool, pool, target, FILTER_READ))
         else:
             cursor.execute(kind.candidates, (pool, FILTER_READ))
         rows = cursor.fetchall()

@@ -50,6 +50,45 @@ def test_candidates_are_an_index_range_read_of_a_few_rows_however_large_the_pool
     assert "filesort" not in plan
 
 
+def test_a_targets_candidates_probe_its_refusals_never_read_every_pools():
+    """An acquirer for a target (the Scrapy middleware's): its refusals are probed per slot
+    or read for its pool and target only, however many other pools and targets refuse."""
+    from datetime import timedelta
+
+    from leases.clock import db_now
+    from leases.models import ResourceTarget
+
+    if connection.vendor != "mysql":
+        pytest.skip("ANALYZE checked on MySQL/MariaDB")
+    Pool("big").add_many((f"r{i}", None) for i in range(5_000))
+    until = db_now() + timedelta(minutes=10)
+    ResourceTarget.objects.bulk_create(
+        ResourceTarget(pool=pool, name=f"r{i}", target=f"s{i % 50}", banned_until=until, updated_at=until)
+        for pool in ("big", "other") for i in range(0, 5_000, 2))
+    sql = statements(connection).candidates_for
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE TABLE leases_resource, leases_resourcetarget")
+        cursor.fetchall()
+        cursor.execute("ANALYZE FORMAT=JSON " + sql, ["big", "big", "s1", CANDIDATES])
+        plan = json.loads(cursor.fetchone()[0])
+    read = []
+
+    def tables(node):
+        if isinstance(node, dict):
+            if "table_name" in node:
+                read.append(node)
+            for value in node.values():
+                tables(value)
+        elif isinstance(node, list):
+            for value in node:
+                tables(value)
+
+    tables(plan)
+    refusals = [table for table in read if table["table_name"] == "g"]
+    assert refusals and all(table["access_type"] != "ALL" for table in read), read
+    assert sum(table.get("r_rows", 0) * table.get("r_loops", 1) for table in refusals) <= 200, refusals
+
+
 # -- slots ------------------------------------------------------------------------------
 
 

@@ -94,7 +94,7 @@ def test_a_pools_lane_is_read_in_turn_order_and_its_free_slots_through_the_pool_
     Pool("proxies").add_many([(f"r{n}", None) for n in range(20_000)])
     for n in range(0, 200, 2):
         targets.ban("proxies", f"r{n}", "s1", 600)
-    shown = analyzed(statements(connection, "leasing").free_for, ["proxies", "s1", 64])
+    shown = analyzed(statements(connection, "leasing").free_for, ["proxies", "proxies", "s1", 64])
     assert "leases_resource_free" in shown and "Seq Scan on leases_resource " not in shown, shown
     refused = statements(connection, "leasing").refused + "%s, %s) AND name IN (%s, %s, %s)"
     shown = analyzed(refused, ["proxies", "s1", "s3", "r0", "r1", "r2"])
@@ -113,7 +113,7 @@ def test_with_statistics_current_a_pools_free_slots_are_read_in_index_order_neve
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE leases_resource, leases_resourcetarget")
     for sql, params in [(statements(connection, "leasing").free, ["proxies", 64]),
-                        (statements(connection, "leasing").free_for, ["proxies", "s1", 64])]:
+                        (statements(connection, "leasing").free_for, ["proxies", "proxies", "s1", 64])]:
         shown = analyzed(sql, params)
         assert "Index Scan using leases_resource_free" in shown and "Sort" not in shown, shown
         read = int(re.search(r"actual time=\S+ rows=(\d+)", shown.split("Index Scan")[1]).group(1))

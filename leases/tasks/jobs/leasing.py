@@ -215,7 +215,7 @@ def _refused(cursor: Any, pool: str, slots: list[_Slot], wanted: set[str]) -> se
 
 def _free_for(cursor: Any, pool: str, target: str) -> list[_Slot]:
     """The longest free slots `target` does not refuse now, locked."""
-    cursor.execute(sql.leasing(cursor.db).free_for, (pool, target, FREE_READ))
+    cursor.execute(sql.leasing(cursor.db).free_for, (pool, pool, target, FREE_READ))
     return [_Slot(*row) for row in cursor.fetchall()]
 
 
@@ -231,7 +231,7 @@ def _bound(cursor: Any, pool: str, rows: list[tuple]) -> dict[str, str]:
 def _named_slots(cursor: Any, pool: str, target: str, name: str) -> list[_Slot]:
     """The free slots of resource `name` (an affinity key's) that `target` does not
     refuse now, locked."""
-    cursor.execute(sql.leasing(cursor.db).free_named, (pool, target, name))
+    cursor.execute(sql.leasing(cursor.db).free_named, (pool, pool, target, name))
     return [_Slot(*row) for row in cursor.fetchall()]
 
 

@@ -27,12 +27,12 @@ LEASING = {
     ),
     # The pool's free slots a target does not refuse now (banned, rested or paced: each
     # a probe of the unique (pool, target, name) index), longest free first, locked: an
-    # index range read of (pool, busy_before, id). params: pool, target, how many
+    # index range read of (pool, busy_before, id). params: pool, pool, target, how many
     "free_for": (
         "SELECT id, token, name, slot, data FROM {r} WHERE pool = %s AND busy_before <= {now}" + _USABLE_FOR
         + " ORDER BY busy_before, id LIMIT %s{skip_locked}"
     ),
-    # ... of one resource (an affinity key's). params: pool, target, name
+    # ... of one resource (an affinity key's). params: pool, pool, target, name
     "free_named": (
         "SELECT id, token, name, slot, data FROM {r} WHERE pool = %s AND busy_before <= {now}" + _USABLE_FOR
         + " AND name = %s ORDER BY slot{skip_locked}"
