@@ -12,8 +12,8 @@ vacuumed (PostgreSQL) and ANALYZEd, as a running server keeps them. Then 2
 `manage.py leases_worker` processes at their defaults (bench/scale_handlers.py) take
 jobs: after a warm-up of 3 s, the jobs ended within `--seconds` give the claim rate.
 The shapes alternate (small, large, small, ...); the goal is the large shape at 0.8 of
-the small one's rate or better. `--explain` prints the plans of the claim's reads (a
-lane's due jobs, a site's free resources) at the large shape, as the server ran them.
+the small one's rate or better. `--explain` prints the plans of the claim's reads at the
+large shape, as the server ran them.
 """
 from __future__ import annotations
 
@@ -140,11 +140,18 @@ def measure(label: str) -> float:
 
 
 def explain() -> None:
-    """The plans of the claim's two reads at this shape, as the server ran them."""
-    site = ResourceTarget.objects.filter(pool=POOL).values_list("target", flat=True).first() or ""
+    """The plans of the claim's reads at this shape, as the server ran them: a lane's due
+    jobs, the pool's longest free slots, which of them 16 sites refuse, and one site's own
+    read (the claim's fallback, and a Pool acquirer's for a target)."""
+    sites = sorted(set(ResourceTarget.objects.filter(pool=POOL).values_list("target", flat=True)[:16]))
+    names = sorted(Resource.objects.filter(pool=POOL).order_by("busy_before", "id").values_list("name", flat=True)[:64])
+    st = task_sql.leasing(connection)
+    refused = st.refused + ", ".join(["%s"] * len(sites)) + ") AND name IN (" + ", ".join(["%s"] * len(names)) + ")"
     reads = {
         "a lane's due jobs": (task_sql.jobs(connection).due, [QUEUE, POOL, 64]),
-        "a site's free resources": (task_sql.leasing(connection).free_for, [POOL, POOL, site, FREE_READ]),
+        "the pool's longest free slots": (st.free, [POOL, FREE_READ]),
+        f"which of them {len(sites)} sites refuse": (refused, [POOL, *sites, *names]),
+        "one site's own read": (st.free_for, [POOL, POOL, sites[0] if sites else "", FREE_READ]),
     }
     prefix = {"postgresql": "EXPLAIN (ANALYZE, BUFFERS) ", "mysql": "ANALYZE ", "sqlite": "EXPLAIN QUERY PLAN "}
     for what, (statement, params) in reads.items():
