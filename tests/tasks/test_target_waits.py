@@ -106,6 +106,27 @@ def test_a_workers_line_names_the_real_reason_and_only_when_no_slot_could_start(
     told.recover()
     lines = [r.getMessage() for r in caplog.records if "wait for a resource" in r.getMessage()]
     assert len(lines) == 1
+    told.recover()  # the look is once a period, not at every recovery
+    assert len([r for r in caplog.records if "wait for a resource" in r.getMessage()]) == 1
     assert (": 3 job(s) of pool proxies wait for a resource: 0 of 3 resources usable for a.example: 3 banned;"
             " the next in ") in lines[0]
     assert lines[0].endswith("(a ban of p3 ends)")
+
+
+def test_a_worker_looks_for_stuck_jobs_once_a_period_even_when_none_are(monkeypatch):
+    """The look reads every due job of the worker's pools: each recovery (5 s) made it when
+    nothing was stuck, a cost that grew with the backlog for nothing."""
+    from leases.tasks.jobs import waits
+    from leases.tasks.worker import duties
+
+    Pool("proxies").add("p1")
+    push("lease.fetch", {"n": 1, "site": "a.example"})
+    looks, real = [], waits.waiting
+    monkeypatch.setattr(waits, "waiting", lambda *a, **kw: looks.append(1) or real(*a, **kw))
+    w = worker()
+    w.recover()
+    w.recover()
+    assert len(looks) == 1
+    w._next_wait_look -= duties.LIMIT_LOG_EVERY  # the period has passed
+    w.recover()
+    assert len(looks) == 2

@@ -23,7 +23,8 @@ log = logging.getLogger("leases.tasks.worker")
 RECOVER_EVERY = 5.0
 #: Seconds between trims of keys' old runs.
 TRIM_EVERY = 10.0
-#: Seconds between two log lines naming the keys held at their limit.
+#: Seconds between two log lines naming the keys held at their limit, and between two
+#: looks for jobs that wait for a resource none of whose slots could start them.
 LIMIT_LOG_EVERY = 30.0
 
 
@@ -108,13 +109,14 @@ class TimedDuties:
         self.stats.recovered += total
         blocked = limits.unblock_pass(self.using)
         now = time.monotonic()
-        if now >= self._next_limit_log:
-            stuck = waits.waiting(self.using, every=False, pools=self.pools) if self.pools else []
-            if blocked or stuck:
-                self._next_limit_log = now + LIMIT_LOG_EVERY
-            if blocked:
-                report.keys_at_limit(self.name, blocked)
-            for wait in stuck:
+        if blocked and now >= self._next_limit_log:
+            self._next_limit_log = now + LIMIT_LOG_EVERY
+            report.keys_at_limit(self.name, blocked)
+        if self.pools and now >= self._next_wait_look:
+            # A grouped read of every due job of its pools, then how the largest groups'
+            # pools stand: once a period, not at every recovery, stuck or not.
+            self._next_wait_look = now + LIMIT_LOG_EVERY
+            for wait in waits.waiting(self.using, every=False, pools=self.pools):
                 report.pool_waiting(self.name, wait)
         return total
 

@@ -119,6 +119,7 @@ class JobWorker(TimedDuties):
         #: Since when threads are free and a claim waits for more (GATHER).
         self._free_since: float | None = None
         self._next_limit_log = 0.0
+        self._next_wait_look = 0.0
         #: Takes part in leading the scheduler (leases_worker does unless --no-schedule).
         self.schedule = schedule
         self.scheduler: Scheduler | None = None
