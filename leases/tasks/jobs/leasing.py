@@ -116,7 +116,7 @@ def claim_pool(cursor: Any, worker: str, pool: str, queues: Sequence[str], limit
     if not pairs:
         return []
     floor = _take_slots(cursor, worker, pairs, ttl)
-    leases = {row[0]: JobLease(pool=pool, name=slot.name, slot=slot.slot, data=load_json(slot.data),
+    leases = {row[0]: JobLease(pool=pool, name=slot.name, slot=slot.slot, data=slot.data,
                                token=max(slot.token + 1, floor), id=slot.id, holder=_holder(worker, row[0])) for row, slot in pairs}
     started = {row[0] for row in lanes.start([row for row, _ in pairs], leases)}
     lost = [lease for job, lease in leases.items() if job not in started]
@@ -178,7 +178,7 @@ def _pair(cursor: Any, pool: str, rows: list[tuple], limit: int) -> list[tuple[t
 
         def fits(slot: _Slot) -> bool:
             return (slot.id not in taken and (name is None or slot.name == name)
-                    and (slot.name, target) not in paced and needs.qualifies(load_json(slot.data)))
+                    and (slot.name, target) not in paced and needs.qualifies(slot.data))
 
         if name is not None:
             slot = next(filter(fits, _named_slots(cursor, pool, target, name)), None)
@@ -197,10 +197,15 @@ def _pair(cursor: Any, pool: str, rows: list[tuple], limit: int) -> list[tuple[t
     return pairs
 
 
+def _slots(rows: list[tuple]) -> list[_Slot]:
+    """Slots as read, their data parsed once (each is tried against several jobs)."""
+    return [_Slot(pk, token, name, number, load_json(data)) for pk, token, name, number, data in rows]
+
+
 def _free(cursor: Any, pool: str, size: int) -> list[_Slot]:
     """The pool's `size` longest free slots, locked."""
     cursor.execute(sql.leasing(cursor.db).free, (pool, size))
-    return [_Slot(*row) for row in cursor.fetchall()]
+    return _slots(cursor.fetchall())
 
 
 def _refused(cursor: Any, pool: str, slots: list[_Slot], wanted: set[str]) -> set[tuple[str, str]]:
@@ -216,7 +221,7 @@ def _refused(cursor: Any, pool: str, slots: list[_Slot], wanted: set[str]) -> se
 def _free_for(cursor: Any, pool: str, target: str) -> list[_Slot]:
     """The longest free slots `target` does not refuse now, locked."""
     cursor.execute(sql.leasing(cursor.db).free_for, (pool, pool, target, FREE_READ))
-    return [_Slot(*row) for row in cursor.fetchall()]
+    return _slots(cursor.fetchall())
 
 
 def _bound(cursor: Any, pool: str, rows: list[tuple]) -> dict[str, str]:
@@ -232,7 +237,7 @@ def _named_slots(cursor: Any, pool: str, target: str, name: str) -> list[_Slot]:
     """The free slots of resource `name` (an affinity key's) that `target` does not
     refuse now, locked."""
     cursor.execute(sql.leasing(cursor.db).free_named, (pool, pool, target, name))
-    return [_Slot(*row) for row in cursor.fetchall()]
+    return _slots(cursor.fetchall())
 
 
 def _usable(cursor: Any, pool: str, names: set[str]) -> set[str]:
