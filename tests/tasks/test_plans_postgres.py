@@ -103,11 +103,10 @@ def test_with_statistics_current_a_pools_free_slots_are_read_in_index_order_neve
     the index's order, so the claim reads 64 of 20,000 free slots and sorts none; which of
     them the claim's sites refuse is an index read among 10,000 refusals. (A table of a
     hundred refusals is read whole, rightly: CI's planner did so once.)"""
-    import tests.tasks.test_leased_jobs  # noqa: F401 - registers lease.fetch (pool "proxies")
-    from leases import targets
-
     from datetime import timedelta
 
+    import tests.tasks.test_leased_jobs  # noqa: F401 - registers lease.fetch (pool "proxies")
+    from leases import targets
     from leases.clock import db_now
     from leases.models import ResourceTarget
 
