@@ -66,6 +66,7 @@ from django.utils import timezone  # noqa: E402
 from bench.scale_handlers import POOL, QUEUE  # noqa: E402
 from leases import Pool  # noqa: E402
 from leases.models import Resource, ResourceTarget  # noqa: E402
+from leases.sql import in_list  # noqa: E402
 from leases.tasks import push_many  # noqa: E402
 from leases.tasks import sql as task_sql  # noqa: E402
 from leases.tasks.jobs.leasing import FREE_READ  # noqa: E402
@@ -146,7 +147,7 @@ def explain() -> None:
     sites = sorted(set(ResourceTarget.objects.filter(pool=POOL).values_list("target", flat=True)[:16]))
     names = sorted(Resource.objects.filter(pool=POOL).order_by("busy_before", "id").values_list("name", flat=True)[:64])
     st = task_sql.leasing(connection)
-    refused = st.refused + ", ".join(["%s"] * len(sites)) + ") AND name IN (" + ", ".join(["%s"] * len(names)) + ")"
+    refused = st.refused + in_list(sites) + " AND name IN (" + in_list(names)
     reads = {
         "a lane's due jobs": (task_sql.jobs(connection).due, [QUEUE, POOL, 64]),
         "the pool's longest free slots": (st.free, [POOL, FREE_READ]),
